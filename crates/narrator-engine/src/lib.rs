@@ -1,0 +1,149 @@
+//! Inference for narrator.
+//!
+//! - [`runtime`]: loads ONNX Runtime once per process (`ort::init_from`).
+//! - [`voice`]: Piper voices on disk and their configs.
+//! - [`splice`]: exposes the per-phoneme frame counts as a graph output at load time.
+//! - [`piper`]: the VITS backend; padded batches in, exactly trimmed waveforms out.
+//! - [`pool`]: engine threads (one session each) behind an async handle.
+
+pub mod piper;
+pub mod pool;
+pub mod runtime;
+pub mod splice;
+pub mod voice;
+
+use std::path::PathBuf;
+
+pub use piper::{PiperEngine, SessionOptions};
+pub use pool::{EnginePool, PoolOptions};
+pub use runtime::{Runtime, load_runtime};
+pub use voice::{Scales, Voice, VoiceConfig, list_voices};
+
+/// Where inference runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// CUDA when the loaded runtime has it, else CPU.
+    Auto,
+    /// CPU execution provider.
+    Cpu,
+    /// CUDA execution provider on GPU N.
+    Cuda(u32),
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Auto => f.write_str("auto"),
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device `{s}`: use auto, cpu or cuda:N")),
+        }
+    }
+}
+
+/// One batch's result: a trimmed waveform per item, in input order.
+#[derive(Debug, Clone)]
+pub struct BatchOutput {
+    /// Float samples in [-1, 1] (before normalization), one vector per item.
+    pub audio: Vec<Vec<f32>>,
+    /// Wall time of the model run.
+    pub inference_seconds: f64,
+}
+
+/// What can go wrong in inference.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The ONNX Runtime library could not be loaded.
+    #[error("cannot load ONNX Runtime from {}: {reason}; {fix}", library.display())]
+    Runtime {
+        /// The library path.
+        library: PathBuf,
+        /// What went wrong.
+        reason: String,
+        /// What to do.
+        fix: &'static str,
+    },
+    /// CUDA was asked for but the runtime has no CUDA provider.
+    #[error("--device cuda was asked for, but the ONNX Runtime at {} has no CUDA execution provider: install onnxruntime-gpu (see ops/gpu-check.sh) or use --device cpu", library.display())]
+    NoCuda {
+        /// The library path.
+        library: PathBuf,
+    },
+    /// A voice name that is not installed.
+    #[error("unknown voice `{name}` (installed in {}: {installed}); run `narrator voices` to list them", dir.display())]
+    UnknownVoice {
+        /// The name asked for.
+        name: String,
+        /// The voices folder.
+        dir: PathBuf,
+        /// Installed voice names.
+        installed: String,
+    },
+    /// A voice config that cannot be used.
+    #[error("voice config {} is unusable: {reason}; reinstall the voice (bash ops/setup.sh)", path.display())]
+    VoiceConfig {
+        /// The config path.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// ONNX Runtime reported an error.
+    #[error("ONNX Runtime failed while {what}: {source}")]
+    Ort {
+        /// What we were doing.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: ort::Error,
+    },
+    /// An item with no phonemes.
+    #[error("batch item {index} has no phoneme ids")]
+    EmptyItem {
+        /// Its position in the batch.
+        index: usize,
+    },
+    /// The engine threads are gone.
+    #[error("the inference threads stopped")]
+    Stopped,
+}
+
+impl EngineError {
+    /// A stable word for metrics and the `failure_kind` column.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineError::Runtime { .. } => "runtime_missing",
+            EngineError::NoCuda { .. } => "no_cuda",
+            EngineError::UnknownVoice { .. } => "unknown_voice",
+            EngineError::VoiceConfig { .. } => "voice_config",
+            EngineError::Io { .. } => "io",
+            EngineError::Ort { .. } => "inference",
+            EngineError::EmptyItem { .. } => "empty_item",
+            EngineError::Stopped => "engine_stopped",
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Engine threads behind an async handle.
+//!
+//! `Session::run` blocks for tens to hundreds of milliseconds, so sessions never run on the
+//! async runtime's threads. The pool owns N OS threads, each with its own session (created
+//! on that thread); batches arrive through one channel, so an idle thread takes the next
+//! batch, and each reply goes back through a `oneshot`. Dropping the pool closes the
+//! channel and the threads finish their current batch and exit.
+
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
+
+use crate::piper::{PiperEngine, SessionOptions};
+use crate::{BatchOutput, Device, EngineError, Scales, runtime::Runtime};
+
+struct Job {
+    items: Vec<Vec<i64>>,
+    scales: Scales,
+    reply: oneshot::Sender<Result<BatchOutput, EngineError>>,
+    span: tracing::Span,
+}
+
+/// How many sessions with how many threads each.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// Sessions (one OS thread each).
+    pub sessions: usize,
+    /// Options of each session.
+    pub session: SessionOptions,
+}
+
+/// N engine threads, one session each, fed through a shared queue.
+pub struct EnginePool {
+    tx: Option<crossbeam_channel::Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+    device: Device,
+    batching: bool,
+}
+
+impl std::fmt::Debug for EnginePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnginePool")
+            .field("threads", &self.threads.len())
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl EnginePool {
+    /// Starts the threads and loads one session on each; returns once all are ready or the
+    /// first one failed.
+    pub fn start(
+        rt: &'static Runtime,
+        model: PathBuf,
+        opts: PoolOptions,
+    ) -> Result<Self, EngineError> {
+        let bytes =
+            std::sync::Arc::new(std::fs::read(&model).map_err(|source| EngineError::Io {
+                path: model.clone(),
+                source,
+            })?);
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(opts.sessions.max(1) * 2);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let mut threads = Vec::new();
+        for i in 0..opts.sessions.max(1) {
+            let rx = rx.clone();
+            let ready = ready_tx.clone();
+            let bytes = bytes.clone();
+            let sopts = opts.session.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("narrator-engine-{i}"))
+                .spawn(move || {
+                    let mut engine = match PiperEngine::from_bytes(rt, bytes.to_vec(), &sopts) {
+                        Ok(e) => e,
+                        Err(e) => {
+                            let _ = ready.send(Err(e));
+                            return;
+                        }
+                    };
+                    drop(bytes);
+                    let _ = ready.send(Ok((engine.device(), engine.supports_batching())));
+                    drop(ready);
+                    while let Ok(job) = rx.recv() {
+                        let _enter = job.span.enter();
+                        let refs: Vec<&[i64]> = job.items.iter().map(Vec::as_slice).collect();
+                        let out = engine.synthesize(&refs, job.scales);
+                        let _ = job.reply.send(out);
+                    }
+                })
+                .map_err(|source| EngineError::Io {
+                    path: model.clone(),
+                    source,
+                })?;
+            threads.push(handle);
+        }
+        drop(ready_tx);
+        let mut device = Device::Cpu;
+        let mut batching = true;
+        for _ in 0..threads.len() {
+            match ready_rx.recv() {
+                Ok(Ok((d, b))) => {
+                    device = d;
+                    batching &= b;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(EngineError::Stopped),
+            }
+        }
+        Ok(Self {
+            tx: Some(tx),
+            threads,
+            device,
+            batching,
+        })
+    }
+
+    /// The device the sessions run on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Whether batches of several items are trimmed exactly.
+    pub fn supports_batching(&self) -> bool {
+        self.batching
+    }
+
+    /// Number of sessions.
+    pub fn sessions(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Synthesizes one batch on the next free session.
+    pub async fn synthesize(
+        &self,
+        items: Vec<Vec<i64>>,
+        scales: Scales,
+    ) -> Result<BatchOutput, EngineError> {
+        let rx = self.submit(items, scales)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Synthesizes one batch, blocking the calling (non-async) thread.
+    pub fn synthesize_blocking(
+        &self,
+        items: Vec<Vec<i64>>,
+        scales: Scales,
+    ) -> Result<BatchOutput, EngineError> {
+        let rx = self.submit(items, scales)?;
+        rx.blocking_recv().map_err(|_| EngineError::Stopped)?
+    }
+
+    fn submit(
+        &self,
+        items: Vec<Vec<i64>>,
+        scales: Scales,
+    ) -> Result<oneshot::Receiver<Result<BatchOutput, EngineError>>, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            items,
+            scales,
+            reply,
+            span: tracing::Span::current(),
+        };
+        let tx = self.tx.as_ref().ok_or(EngineError::Stopped)?;
+        tx.send(job).map_err(|_| EngineError::Stopped)?;
+        Ok(rx)
+    }
+}
+
+impl Drop for EnginePool {
+    fn drop(&mut self) {
+        self.tx.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

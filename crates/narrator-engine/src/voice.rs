@@ -1,0 +1,222 @@
+//! Piper voices on disk: `NAME.onnx` next to `NAME.onnx.json`.
+//!
+//! A voice is found by name in the voices folder; its JSON config says the sample rate,
+//! the espeak-ng voice, the phoneme id map and the default inference scales.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::EngineError;
+
+/// Inference scales of a VITS voice (`scales` input: noise, length, noise_w).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Scales {
+    /// Noise added to the prior (expressiveness); 0 makes output deterministic.
+    pub noise: f32,
+    /// Speaking rate: larger is slower.
+    pub length: f32,
+    /// Noise of the duration predictor; 0 makes durations deterministic.
+    pub noise_w: f32,
+}
+
+impl Scales {
+    /// Scales that make synthesis deterministic (used to compare batched and single runs).
+    pub const DETERMINISTIC: Scales = Scales {
+        noise: 0.0,
+        length: 1.0,
+        noise_w: 0.0,
+    };
+}
+
+/// What narrator needs from a voice's `.onnx.json`.
+#[derive(Debug, Clone)]
+pub struct VoiceConfig {
+    /// Output sample rate in Hz.
+    pub sample_rate: u32,
+    /// Piper's quality tier (`x_low`, `low`, `medium`, `high`).
+    pub quality: String,
+    /// Language code, e.g. `en_US`.
+    pub language: String,
+    /// espeak-ng voice used to phonemize, e.g. `en-us`.
+    pub espeak_voice: String,
+    /// Default inference scales.
+    pub scales: Scales,
+    /// Number of speakers (1 for single-speaker voices).
+    pub num_speakers: u32,
+    /// The whole JSON document (the phoneme id map is read from it by the phonemes crate).
+    pub raw: serde_json::Value,
+}
+
+impl VoiceConfig {
+    /// Parses a Piper voice config.
+    pub fn from_json(path: &Path, text: &str) -> Result<Self, EngineError> {
+        let bad = |what: &str| EngineError::VoiceConfig {
+            path: path.to_path_buf(),
+            reason: what.to_string(),
+        };
+        let raw: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(&format!("not valid JSON ({e})")))?;
+        let sample_rate = raw
+            .pointer("/audio/sample_rate")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| bad("missing audio.sample_rate"))? as u32;
+        let espeak_voice = raw
+            .pointer("/espeak/voice")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| bad("missing espeak.voice"))?
+            .to_string();
+        if raw
+            .get("phoneme_id_map")
+            .and_then(|m| m.as_object())
+            .is_none()
+        {
+            return Err(bad("missing phoneme_id_map"));
+        }
+        let f = |p: &str, d: f32| {
+            raw.pointer(p)
+                .and_then(|v| v.as_f64())
+                .map_or(d, |v| v as f32)
+        };
+        let scales = Scales {
+            noise: f("/inference/noise_scale", 0.667),
+            length: f("/inference/length_scale", 1.0),
+            noise_w: f("/inference/noise_w", 0.8),
+        };
+        let s = |p: &str| {
+            raw.pointer(p)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        Ok(Self {
+            sample_rate,
+            quality: s("/audio/quality"),
+            language: s("/language/code"),
+            espeak_voice,
+            scales,
+            num_speakers: raw
+                .get("num_speakers")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(1) as u32,
+            raw,
+        })
+    }
+}
+
+/// An installed voice: its name, files and config.
+#[derive(Debug, Clone)]
+pub struct Voice {
+    /// Name, e.g. `en_US-joe-medium` (the file stem).
+    pub name: String,
+    /// The `.onnx` model.
+    pub model_path: PathBuf,
+    /// The `.onnx.json` config.
+    pub config_path: PathBuf,
+    /// The parsed config.
+    pub config: VoiceConfig,
+}
+
+impl Voice {
+    /// Loads the voice `name` from `dir`.
+    pub fn find(dir: &Path, name: &str) -> Result<Self, EngineError> {
+        let model_path = dir.join(format!("{name}.onnx"));
+        let config_path = dir.join(format!("{name}.onnx.json"));
+        if !model_path.is_file() || !config_path.is_file() {
+            let installed = list_voices(dir)
+                .map(|v| v.into_iter().map(|v| v.name).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default();
+            return Err(EngineError::UnknownVoice {
+                name: name.to_string(),
+                dir: dir.to_path_buf(),
+                installed: if installed.is_empty() {
+                    "none".into()
+                } else {
+                    installed
+                },
+            });
+        }
+        Self::load(&model_path)
+    }
+
+    /// Loads a voice from its `.onnx` path (the config sits beside it).
+    pub fn load(model_path: &Path) -> Result<Self, EngineError> {
+        let config_path = PathBuf::from(format!("{}.json", model_path.display()));
+        let text = std::fs::read_to_string(&config_path).map_err(|source| EngineError::Io {
+            path: config_path.clone(),
+            source,
+        })?;
+        let config = VoiceConfig::from_json(&config_path, &text)?;
+        let name = model_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".onnx"))
+            .unwrap_or("voice")
+            .to_string();
+        Ok(Self {
+            name,
+            model_path: model_path.to_path_buf(),
+            config_path,
+            config,
+        })
+    }
+}
+
+/// Every voice in `dir` (files `*.onnx` with a readable `*.onnx.json`), sorted by name.
+pub fn list_voices(dir: &Path) -> Result<Vec<Voice>, EngineError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| EngineError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut voices = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "onnx") {
+            if let Ok(v) = Voice::load(&path) {
+                voices.push(v);
+            }
+        }
+    }
+    voices.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(voices)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_piper_config() {
+        let json = r#"{"audio":{"sample_rate":22050,"quality":"medium"},"espeak":{"voice":"en-us"},
+            "inference":{"noise_scale":0.5,"length_scale":1.1,"noise_w":0.7},
+            "phoneme_id_map":{"_":[0]},"num_speakers":1,"language":{"code":"en_US"}}"#;
+        let c = VoiceConfig::from_json(Path::new("v.json"), json).expect("valid");
+        assert_eq!(c.sample_rate, 22050);
+        assert_eq!(c.espeak_voice, "en-us");
+        assert_eq!(
+            c.scales,
+            Scales {
+                noise: 0.5,
+                length: 1.1,
+                noise_w: 0.7
+            }
+        );
+        assert_eq!(c.language, "en_US");
+    }
+
+    #[test]
+    fn a_config_without_phoneme_map_is_refused_with_the_reason() {
+        let json = r#"{"audio":{"sample_rate":22050},"espeak":{"voice":"en-us"}}"#;
+        let e = VoiceConfig::from_json(Path::new("v.json"), json).expect_err("invalid");
+        assert!(e.to_string().contains("phoneme_id_map"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_voice_names_the_installed_ones() {
+        let dir = std::env::temp_dir().join(format!("narrator-voices-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp");
+        let e = Voice::find(&dir, "xx_XX-nobody-low").expect_err("unknown");
+        assert_eq!(e.kind(), "unknown_voice");
+        assert!(e.to_string().contains("narrator voices"), "{e}");
+    }
+}

@@ -1,0 +1,104 @@
+//! The real voice through the real runtime: batching must not change any item's audio.
+
+use std::path::PathBuf;
+
+use narrator_engine::{Device, PiperEngine, Scales, SessionOptions, Voice, load_runtime};
+
+fn deps() -> PathBuf {
+    let d = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.deps"));
+    assert!(
+        d.join("onnxruntime/libonnxruntime.so.1.32.0").is_file(),
+        "the voice and ONNX Runtime are missing: run `bash ops/setup.sh` first"
+    );
+    d
+}
+
+/// Phoneme ids the way Piper builds them: BOS, each phoneme followed by PAD, EOS.
+fn ids(voice: &Voice, ipa: &str) -> Vec<i64> {
+    let map = voice.config.raw["phoneme_id_map"].as_object().expect("map");
+    let id = |p: &str| map[p][0].as_i64().expect("id");
+    let mut out = vec![id("^"), id("_")];
+    for c in ipa.chars() {
+        let s = c.to_string();
+        if map.contains_key(&s) {
+            out.push(id(&s));
+            out.push(id("_"));
+        }
+    }
+    out.push(id("$"));
+    out
+}
+
+fn engine() -> (Voice, PiperEngine) {
+    let d = deps();
+    let rt = load_runtime(&d.join("onnxruntime/libonnxruntime.so.1.32.0")).expect("runtime");
+    let voice = Voice::find(&d.join("voices"), "en_US-joe-medium").expect("voice");
+    let opts = SessionOptions {
+        intra_threads: 2,
+        device: Device::Cpu,
+    };
+    let engine = PiperEngine::load(rt, &voice.model_path, &opts).expect("session");
+    (voice, engine)
+}
+
+#[test]
+fn padded_batch_items_equal_single_item_synthesis() {
+    let (voice, mut engine) = engine();
+    assert!(
+        engine.supports_batching(),
+        "frames output was not spliced in"
+    );
+    let texts = [
+        "hɛloʊ.",
+        "ðə kwɪk bɹaʊn fɑks dʒʌmps oʊvɚ ðə leɪzi dɑɡ.",
+        "ɪt wʌz ðə bɛst ʌv taɪmz, ɪt wʌz ðə wɜːst ʌv taɪmz; ænd ɔːl ðə wɜːld wʌz wɛɪtɪŋ.",
+    ];
+    let items: Vec<Vec<i64>> = texts.iter().map(|t| ids(&voice, t)).collect();
+    let lens: Vec<usize> = items.iter().map(Vec::len).collect();
+    assert!(
+        lens[0] < lens[1] && lens[1] < lens[2],
+        "items must differ in length: {lens:?}"
+    );
+
+    let refs: Vec<&[i64]> = items.iter().map(Vec::as_slice).collect();
+    let batch = engine
+        .synthesize(&refs, Scales::DETERMINISTIC)
+        .expect("batch");
+    assert_eq!(batch.audio.len(), 3);
+    for (i, item) in items.iter().enumerate() {
+        let single = engine
+            .synthesize(&[item.as_slice()], Scales::DETERMINISTIC)
+            .expect("single");
+        let (a, b) = (&batch.audio[i], &single.audio[0]);
+        assert_eq!(
+            a.len(),
+            b.len(),
+            "item {i}: batched length differs from single"
+        );
+        assert!(
+            a.len() > 2000,
+            "item {i}: too short to be speech ({} samples)",
+            a.len()
+        );
+        let max_diff = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            max_diff <= 1e-3,
+            "item {i}: batched differs from single by {max_diff}"
+        );
+    }
+    // Shorter items must not carry the padding's audio.
+    assert!(batch.audio[0].len() < batch.audio[2].len());
+}
+
+#[test]
+fn a_missing_runtime_is_a_clear_error() {
+    let e = load_runtime(std::path::Path::new(
+        "/nonexistent/libonnxruntime.so.1.32.0",
+    ))
+    .expect_err("missing");
+    assert!(e.to_string().contains("ops/setup.sh"), "{e}");
+}
