@@ -1,0 +1,134 @@
+//! narrator's domain: what a job, a segment, a manifest and a figure are, and the three
+//! seams the embedded and the distributed modes implement differently:
+//!
+//! - where segment audio is kept ([`AudioStore`]: a local folder, or S3),
+//! - where job state and per-segment figures are recorded ([`StateStore`]: a journal file
+//!   beside the output, or Postgres),
+//! - where segments come from (an in-process channel, or RabbitMQ; the pipeline pulls from
+//!   a `tokio` channel that either feeds).
+//!
+//! This crate has no runtime or client dependencies; adapters depend on it, never on each
+//! other.
+
+pub mod manifest;
+pub mod seams;
+
+pub use manifest::{BookEntry, ChapterEntry, Manifest, SegmentEntry};
+pub use seams::{AudioStore, SeamError, StateStore};
+
+use serde::{Deserialize, Serialize};
+
+/// The pause that follows a segment when the audio is assembled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseAfter {
+    /// Another sentence of the same paragraph follows.
+    Sentence,
+    /// The paragraph ends.
+    Paragraph,
+    /// The chapter ends.
+    Chapter,
+    /// A piece of a sentence that was split for length; the rest follows directly.
+    None,
+}
+
+/// The unit of work: a bounded piece of text (one sentence, or part of a long one) that
+/// carries everything a worker needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Position in the job, from 0, unique and dense.
+    pub index: u32,
+    /// Chapter it belongs to, from 0.
+    pub chapter: u32,
+    /// The text to speak (already normalized).
+    pub text: String,
+    /// The pause after it.
+    pub pause_after: PauseAfter,
+}
+
+/// A chapter as planned: its title and its range of segments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChapterPlan {
+    /// Chapter title.
+    pub title: String,
+    /// Index of its first segment.
+    pub first_segment: u32,
+    /// Number of segments.
+    pub segment_count: u32,
+}
+
+/// Everything decided before synthesis starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobPlan {
+    /// Stable id: a digest of the input and every setting that changes segment audio.
+    pub job_id: String,
+    /// Book title (from metadata or the file name).
+    pub title: String,
+    /// The input file as given.
+    pub source: String,
+    /// Voice name.
+    pub voice: String,
+    /// Chapters in order.
+    pub chapters: Vec<ChapterPlan>,
+    /// Segments in order.
+    pub segments: Vec<Segment>,
+    /// Warnings from reading the input (skipped characters and the like).
+    pub warnings: Vec<String>,
+}
+
+/// Mono 16-bit audio of one segment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SegmentAudio {
+    /// Samples per second.
+    pub sample_rate: u32,
+    /// Samples.
+    pub samples: Vec<i16>,
+}
+
+impl SegmentAudio {
+    /// Duration in seconds.
+    pub fn seconds(&self) -> f64 {
+        self.samples.len() as f64 / f64::from(self.sample_rate.max(1))
+    }
+}
+
+/// Figures recorded for each finished segment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentRecord {
+    /// Segment index.
+    pub index: u32,
+    /// Number of samples of its audio.
+    pub samples: u64,
+    /// Sample rate.
+    pub sample_rate: u32,
+    /// Audio duration.
+    pub audio_seconds: f64,
+    /// Its share of the batch's inference time.
+    pub inference_seconds: f64,
+    /// Time from enqueue to the start of its batch.
+    pub queue_wait_seconds: f64,
+    /// Items in the batch it ran in.
+    pub batch_size: u32,
+    /// Delivery attempts (1 on the first try).
+    pub attempts: u32,
+    /// Worker that made it.
+    pub worker: String,
+    /// Phoneme ids it was synthesized from (all utterances).
+    pub phoneme_ids: u32,
+}
+
+impl SegmentRecord {
+    /// Real-time factor: processing time / audio time (lower is faster).
+    pub fn rtf(&self) -> f64 {
+        if self.audio_seconds > 0.0 {
+            self.inference_seconds / self.audio_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Real-time factor of `wall` seconds of work for `audio` seconds of output.
+pub fn rtf(wall: f64, audio: f64) -> f64 {
+    if audio > 0.0 { wall / audio } else { 0.0 }
+}

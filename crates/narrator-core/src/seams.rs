@@ -1,0 +1,90 @@
+//! The boundaries the distributed mode swaps. Each has an embedded implementation (local
+//! folder, journal file) and, later, a networked one (S3, Postgres). They are async traits
+//! used through generics.
+
+use std::future::Future;
+use std::path::Path;
+
+use crate::{SegmentAudio, SegmentRecord};
+
+/// A failure at a seam, with a stable kind word (metric label, `failure_kind`).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct SeamError {
+    /// Stable word, e.g. `store_io`.
+    pub kind: &'static str,
+    /// One line: what failed and what to do.
+    pub message: String,
+    /// The cause.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl SeamError {
+    /// An error with a cause.
+    pub fn new(
+        kind: &'static str,
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// An error without a cause.
+    pub fn msg(kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+}
+
+/// Where segment audio and finished outputs are kept.
+pub trait AudioStore: Send + Sync {
+    /// Stores a segment's audio under a deterministic key; storing it twice is harmless.
+    fn put_segment(
+        &self,
+        job: &str,
+        index: u32,
+        audio: &SegmentAudio,
+    ) -> impl Future<Output = Result<(), SeamError>> + Send;
+    /// Reads a segment's audio back.
+    fn get_segment(
+        &self,
+        job: &str,
+        index: u32,
+    ) -> impl Future<Output = Result<SegmentAudio, SeamError>> + Send;
+    /// Whether a segment's audio is stored completely.
+    fn has_segment(
+        &self,
+        job: &str,
+        index: u32,
+    ) -> impl Future<Output = Result<bool, SeamError>> + Send;
+    /// Publishes a finished output file (chapter, book, manifest) under `name`.
+    fn put_output(
+        &self,
+        job: &str,
+        name: &str,
+        file: &Path,
+    ) -> impl Future<Output = Result<(), SeamError>> + Send;
+}
+
+/// Where job state and per-segment figures are recorded.
+pub trait StateStore: Send + Sync {
+    /// Records a finished segment (after its audio is stored); recording twice is harmless.
+    fn record_segment(
+        &self,
+        job: &str,
+        record: &SegmentRecord,
+    ) -> impl Future<Output = Result<(), SeamError>> + Send;
+    /// The segments recorded as finished, one record per index.
+    fn finished_segments(
+        &self,
+        job: &str,
+    ) -> impl Future<Output = Result<Vec<SegmentRecord>, SeamError>> + Send;
+}

@@ -1,0 +1,355 @@
+//! Chapter files, the whole-book file and `manifest.json` from stored segment audio.
+//!
+//! The layout (where every segment and pause falls) is a pure function of the plan and
+//! the recorded sample counts, computed before any audio is read, so chapter marks can go
+//! into the book file's header. Audio then streams segment by segment into two encoders
+//! at once (chapter and book): memory stays at one segment however long the book is.
+//! Every file is written under a staging name and published through the store; the
+//! manifest goes last, so its presence means everything it lists is complete.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use narrator_audio::{
+    AudioFormat, AudioSink, ChapterMark, EncoderSpec, PauseKind, Pauses, create_encoder,
+};
+use narrator_core::{
+    AudioStore, BookEntry, ChapterEntry, JobPlan, Manifest, PauseAfter, SegmentEntry, SegmentRecord,
+};
+
+use crate::PipelineError;
+
+/// Assembly settings.
+#[derive(Debug, Clone)]
+pub struct AssembleOptions {
+    /// Output format.
+    pub format: AudioFormat,
+    /// Pause lengths.
+    pub pauses: Pauses,
+    /// Folder for files being written (same filesystem as the outputs for a local store).
+    pub staging: PathBuf,
+}
+
+fn pause_kind(p: PauseAfter) -> PauseKind {
+    match p {
+        PauseAfter::Sentence => PauseKind::Sentence,
+        PauseAfter::Paragraph => PauseKind::Paragraph,
+        PauseAfter::Chapter => PauseKind::Chapter,
+        PauseAfter::None => PauseKind::None,
+    }
+}
+
+/// A file-name-safe form of a title: lowercase ASCII letters and digits joined by `-`.
+pub fn slug(title: &str, max: usize) -> String {
+    let mut s = String::new();
+    for c in title.chars() {
+        if c.is_ascii_alphanumeric() {
+            s.push(c.to_ascii_lowercase());
+        } else if !s.ends_with('-') && !s.is_empty() {
+            s.push('-');
+        }
+        if s.len() >= max {
+            break;
+        }
+    }
+    s.trim_end_matches('-').to_string()
+}
+
+/// Where one chapter falls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChapterLayout {
+    /// Title.
+    pub title: String,
+    /// Output file name.
+    pub file: String,
+    /// Samples in the chapter file (no trailing chapter pause).
+    pub samples: u64,
+    /// First sample of the chapter in the book file.
+    pub book_start: u64,
+}
+
+/// Where everything falls, in samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    /// Chapters in order.
+    pub chapters: Vec<ChapterLayout>,
+    /// `(book start, samples)` of every segment, by index.
+    pub segments: Vec<(u64, u64)>,
+    /// Samples in the book file.
+    pub book_samples: u64,
+    /// Book file name.
+    pub book_file: String,
+}
+
+/// Computes the layout. `records` must hold one record per segment, sorted by index.
+pub fn layout(
+    plan: &JobPlan,
+    records: &[SegmentRecord],
+    pauses: &Pauses,
+    rate: u32,
+    ext: &str,
+) -> Layout {
+    let width = plan.chapters.len().to_string().len().max(2);
+    let mut chapters = Vec::new();
+    let mut segments = Vec::with_capacity(records.len());
+    let mut pos = 0u64;
+    for (ci, ch) in plan.chapters.iter().enumerate() {
+        if ci > 0 {
+            pos += pauses.samples(PauseKind::Chapter, rate) as u64;
+        }
+        let start = pos;
+        let range = ch.first_segment as usize..(ch.first_segment + ch.segment_count) as usize;
+        let last = range.end.saturating_sub(1);
+        for i in range {
+            let n = records.get(i).map_or(0, |r| r.samples);
+            segments.push((pos, n));
+            pos += n;
+            if i != last {
+                pos += pauses.samples(pause_kind(plan.segments[i].pause_after), rate) as u64;
+            }
+        }
+        let name = slug(&ch.title, 48);
+        let file = if name.is_empty() {
+            format!("{:0width$}.{ext}", ci + 1)
+        } else {
+            format!("{:0width$}-{name}.{ext}", ci + 1)
+        };
+        chapters.push(ChapterLayout {
+            title: ch.title.clone(),
+            file,
+            samples: pos - start,
+            book_start: start,
+        });
+    }
+    let book = slug(&plan.title, 64);
+    let book_file = format!("{}.{ext}", if book.is_empty() { "book" } else { &book });
+    Layout {
+        chapters,
+        segments,
+        book_samples: pos,
+        book_file,
+    }
+}
+
+fn encoder(path: &Path, spec: &EncoderSpec) -> Result<Box<dyn AudioSink + Send>, PipelineError> {
+    let file = std::fs::File::create(path).map_err(|source| PipelineError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(create_encoder(spec, file)?)
+}
+
+/// Builds and publishes every output; returns the manifest (already published).
+/// `wall_before` is the synthesis wall time already spent on this job.
+pub async fn assemble<A: AudioStore>(
+    plan: &JobPlan,
+    records: &[SegmentRecord],
+    store: &A,
+    opts: &AssembleOptions,
+    wall_before: f64,
+) -> Result<Manifest, PipelineError> {
+    let started = Instant::now();
+    let rate = records.first().map_or(22050, |r| r.sample_rate);
+    let ext = opts.format.extension();
+    let lay = layout(plan, records, &opts.pauses, rate, ext);
+    std::fs::create_dir_all(&opts.staging).map_err(|source| PipelineError::Io {
+        path: opts.staging.clone(),
+        source,
+    })?;
+    let secs = |n: u64| n as f64 / f64::from(rate);
+
+    let mut book_spec = EncoderSpec::new(opts.format, rate);
+    book_spec.title = Some(plan.title.clone());
+    book_spec.artist = Some(format!("narrator ({})", plan.voice));
+    book_spec.chapters = lay
+        .chapters
+        .iter()
+        .map(|c| ChapterMark {
+            title: c.title.clone(),
+            start_seconds: secs(c.book_start),
+        })
+        .collect();
+    let book_path = opts.staging.join(&lay.book_file);
+    let mut book = encoder(&book_path, &book_spec)?;
+
+    for (ci, (ch, cl)) in plan.chapters.iter().zip(&lay.chapters).enumerate() {
+        if ci > 0 {
+            book.write_silence(opts.pauses.samples(PauseKind::Chapter, rate))?;
+        }
+        let mut spec = EncoderSpec::new(opts.format, rate);
+        spec.title = Some(ch.title.clone());
+        spec.artist = book_spec.artist.clone();
+        let path = opts.staging.join(&cl.file);
+        let mut chapter = encoder(&path, &spec)?;
+        let first = ch.first_segment;
+        let end = first + ch.segment_count;
+        for i in first..end {
+            let audio = store.get_segment(&plan.job_id, i).await?;
+            let expected = records.get(i as usize).map_or(0, |r| r.samples);
+            if audio.samples.len() as u64 != expected {
+                return Err(PipelineError::Corrupt {
+                    index: i,
+                    reason: format!(
+                        "{} samples stored, {expected} recorded",
+                        audio.samples.len()
+                    ),
+                });
+            }
+            chapter.write(&audio.samples)?;
+            book.write(&audio.samples)?;
+            if i + 1 != end {
+                let gap = opts
+                    .pauses
+                    .samples(pause_kind(plan.segments[i as usize].pause_after), rate);
+                chapter.write_silence(gap)?;
+                book.write_silence(gap)?;
+            }
+        }
+        chapter.finish()?;
+        store.put_output(&plan.job_id, &cl.file, &path).await?;
+    }
+    book.finish()?;
+    store
+        .put_output(&plan.job_id, &lay.book_file, &book_path)
+        .await?;
+
+    let audio_seconds = secs(lay.book_samples);
+    let wall_seconds = wall_before + started.elapsed().as_secs_f64();
+    let manifest = Manifest {
+        job_id: plan.job_id.clone(),
+        narrator_version: env!("CARGO_PKG_VERSION").to_string(),
+        source: plan.source.clone(),
+        format: ext.to_string(),
+        book: BookEntry {
+            title: plan.title.clone(),
+            file: lay.book_file.clone(),
+            seconds: audio_seconds,
+        },
+        chapters: lay
+            .chapters
+            .iter()
+            .map(|c| ChapterEntry {
+                title: c.title.clone(),
+                file: c.file.clone(),
+                seconds: secs(c.samples),
+                start_seconds: secs(c.book_start),
+            })
+            .collect(),
+        voice: plan.voice.clone(),
+        sample_rate: rate,
+        audio_seconds,
+        speech_seconds: records.iter().map(|r| r.audio_seconds).sum(),
+        wall_seconds,
+        rtf: narrator_core::rtf(wall_seconds, audio_seconds),
+        segments: plan
+            .segments
+            .iter()
+            .zip(&lay.segments)
+            .map(|(s, &(start, n))| SegmentEntry {
+                index: s.index,
+                chapter: s.chapter,
+                start_seconds: secs(start),
+                seconds: secs(n),
+            })
+            .collect(),
+        warnings: plan.warnings.clone(),
+    };
+    let path = opts.staging.join("manifest.json");
+    let json = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| PipelineError::Internal(leak(e.to_string())))?;
+    std::fs::write(&path, json).map_err(|source| PipelineError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    store
+        .put_output(&plan.job_id, "manifest.json", &path)
+        .await?;
+    Ok(manifest)
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use narrator_core::{ChapterPlan, Segment};
+
+    fn plan() -> JobPlan {
+        let seg = |index, chapter, pause_after| Segment {
+            index,
+            chapter,
+            text: "x".into(),
+            pause_after,
+        };
+        JobPlan {
+            job_id: "j".into(),
+            title: "My Book: A Tale".into(),
+            source: "b.txt".into(),
+            voice: "v".into(),
+            chapters: vec![
+                ChapterPlan {
+                    title: "CHAPTER I. Down".into(),
+                    first_segment: 0,
+                    segment_count: 2,
+                },
+                ChapterPlan {
+                    title: "Two".into(),
+                    first_segment: 2,
+                    segment_count: 1,
+                },
+            ],
+            segments: vec![
+                seg(0, 0, PauseAfter::Paragraph),
+                seg(1, 0, PauseAfter::Chapter),
+                seg(2, 1, PauseAfter::Chapter),
+            ],
+            warnings: vec![],
+        }
+    }
+
+    fn rec(index: u32, samples: u64) -> SegmentRecord {
+        SegmentRecord {
+            index,
+            samples,
+            sample_rate: 1000,
+            audio_seconds: samples as f64 / 1000.0,
+            inference_seconds: 0.0,
+            queue_wait_seconds: 0.0,
+            batch_size: 1,
+            attempts: 1,
+            worker: "w".into(),
+            phoneme_ids: 1,
+        }
+    }
+
+    #[test]
+    fn layout_places_pauses_between_segments_and_chapters_only() {
+        let pauses = Pauses {
+            sentence_ms: 100,
+            paragraph_ms: 200,
+            chapter_ms: 1000,
+        };
+        let l = layout(
+            &plan(),
+            &[rec(0, 500), rec(1, 300), rec(2, 400)],
+            &pauses,
+            1000,
+            "wav",
+        );
+        assert_eq!(l.segments, [(0, 500), (700, 300), (2000, 400)]);
+        assert_eq!(l.chapters[0].samples, 1000);
+        assert_eq!(l.chapters[1].book_start, 2000);
+        assert_eq!(l.book_samples, 2400);
+        assert_eq!(l.chapters[0].file, "01-chapter-i-down.wav");
+        assert_eq!(l.book_file, "my-book-a-tale.wav");
+    }
+
+    #[test]
+    fn slugs_are_safe_file_names() {
+        assert_eq!(slug("  Hello, World!  ", 64), "hello-world");
+        assert_eq!(slug("漢字", 64), "");
+        assert!(slug(&"ab ".repeat(100), 10).len() <= 11);
+    }
+}

@@ -1,0 +1,89 @@
+//! The narrator pipeline, shared by the embedded and the distributed modes:
+//!
+//! ```text
+//! Document ─plan─► JobPlan(segments) ─► prepare (espeak) ─► batch ─► EnginePool ─► normalize
+//!                                                                              │
+//!     manifest ◄─ assemble ◄─ AudioStore.get ◄── StateStore.record ◄─ AudioStore.put
+//! ```
+//!
+//! [`local`] holds the embedded seams; the distributed ones live in their own crates and
+//! plug into the same generic functions.
+
+pub mod assemble;
+pub mod local;
+pub mod plan;
+pub mod runner;
+pub mod synth;
+
+use std::path::PathBuf;
+
+pub use assemble::{AssembleOptions, assemble};
+pub use local::{JournalStateStore, LocalAudioStore};
+pub use plan::{AudioIdentity, plan_job};
+pub use runner::{Event, RunOptions, synthesize_job};
+pub use synth::{Prepared, Synthesizer};
+
+/// What can stop a job.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// Phonemization failed.
+    #[error(transparent)]
+    Phonemes(#[from] narrator_phonemes::PhonemeError),
+    /// Inference failed.
+    #[error(transparent)]
+    Engine(#[from] narrator_engine::EngineError),
+    /// Encoding failed.
+    #[error(transparent)]
+    Audio(#[from] narrator_audio::AudioError),
+    /// A store failed.
+    #[error(transparent)]
+    Seam(#[from] narrator_core::SeamError),
+    /// A file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Stored audio does not match its record.
+    #[error("segment {index} is damaged ({reason}); delete it from the work folder and run again")]
+    Corrupt {
+        /// Segment index.
+        index: u32,
+        /// What does not match.
+        reason: String,
+    },
+    /// Synthesis ended with segments missing.
+    #[error("only {done} of {total} segments were made; run the same command again to finish")]
+    Incomplete {
+        /// Finished.
+        done: usize,
+        /// In the job.
+        total: usize,
+    },
+    /// A task panicked or was cancelled.
+    #[error("a pipeline task failed: {0}")]
+    Task(String),
+    /// A bug.
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+}
+
+impl PipelineError {
+    /// A stable word for metrics and the `failure_kind` column.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PipelineError::Phonemes(e) => e.kind(),
+            PipelineError::Engine(e) => e.kind(),
+            PipelineError::Audio(e) => e.kind(),
+            PipelineError::Seam(e) => e.kind,
+            PipelineError::Io { .. } => "io",
+            PipelineError::Corrupt { .. } => "corrupt_segment",
+            PipelineError::Incomplete { .. } => "incomplete",
+            PipelineError::Task(_) => "task",
+            PipelineError::Internal(_) => "internal",
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Drives a job's pending segments through the synthesizer into the stores.
+//!
+//! Tasks: one blocking thread phonemizes ahead (bounded channel, so memory stays flat);
+//! the batching loop takes what is ready, up to `max_batch` segments, sorted by length;
+//! up to `in_flight` batches run at once (one more than the engine has sessions, so the
+//! next batch is ready when a session frees up); each batch's audio is stored, then its
+//! figures recorded, in that order, so a recorded segment always has its audio.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use narrator_core::{AudioStore, JobPlan, Segment, SegmentRecord, StateStore};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+use crate::PipelineError;
+use crate::synth::{Prepared, Synthesizer};
+
+/// What the runner reports as it goes (the CLI draws its progress bar from these).
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Synthesis starts: how many segments exist and how many were already done.
+    Started {
+        /// Segments in the job.
+        total: usize,
+        /// Already finished (resumed).
+        done: usize,
+        /// Audio seconds already made.
+        done_audio_seconds: f64,
+    },
+    /// A segment is stored and recorded.
+    SegmentDone {
+        /// Its figures.
+        record: SegmentRecord,
+    },
+    /// Something the user should know (e.g. unknown phonemes skipped).
+    Warning(String),
+}
+
+/// How the runner batches.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Name recorded with every segment.
+    pub worker: String,
+    /// Segments per engine batch.
+    pub max_batch: usize,
+    /// Batches in flight at once.
+    pub in_flight: usize,
+}
+
+/// Segments of `plan` not yet finished according to both stores.
+pub async fn pending_segments<A: AudioStore, S: StateStore>(
+    plan: &JobPlan,
+    store: &A,
+    state: &S,
+) -> Result<(Vec<Segment>, Vec<SegmentRecord>), PipelineError> {
+    let mut finished = Vec::new();
+    let mut done = BTreeSet::new();
+    for r in state.finished_segments(&plan.job_id).await? {
+        if (r.index as usize) < plan.segments.len()
+            && store.has_segment(&plan.job_id, r.index).await?
+        {
+            done.insert(r.index);
+            finished.push(r);
+        }
+    }
+    let pending = plan
+        .segments
+        .iter()
+        .filter(|s| !done.contains(&s.index))
+        .cloned()
+        .collect();
+    Ok((pending, finished))
+}
+
+/// Synthesizes every pending segment of `plan`; returns all finished records, in order.
+pub async fn synthesize_job<A, S>(
+    plan: &JobPlan,
+    synth: Arc<Synthesizer>,
+    store: Arc<A>,
+    state: Arc<S>,
+    opts: &RunOptions,
+    on_event: Arc<dyn Fn(Event) + Send + Sync>,
+) -> Result<Vec<SegmentRecord>, PipelineError>
+where
+    A: AudioStore + 'static,
+    S: StateStore + 'static,
+{
+    let (pending, mut finished) = pending_segments(plan, &*store, &*state).await?;
+    on_event(Event::Started {
+        total: plan.segments.len(),
+        done: finished.len(),
+        done_audio_seconds: finished.iter().map(|r| r.audio_seconds).sum(),
+    });
+
+    let (tx, mut rx) = mpsc::channel::<Result<Prepared, PipelineError>>(64);
+    let prep_synth = synth.clone();
+    let prep = tokio::task::spawn_blocking(move || {
+        for seg in pending {
+            let item = prep_synth.prepare(seg);
+            let stop = item.is_err();
+            if tx.blocking_send(item).is_err() || stop {
+                break;
+            }
+        }
+    });
+
+    let slots = Arc::new(Semaphore::new(opts.in_flight.max(1)));
+    let mut tasks: JoinSet<Result<Vec<SegmentRecord>, PipelineError>> = JoinSet::new();
+    let max_batch = opts.max_batch.max(1);
+    let mut failure = None;
+    'outer: while let Some(first) = rx.recv().await {
+        let permit = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| PipelineError::Internal("semaphore closed"))?;
+        let mut batch = Vec::with_capacity(max_batch);
+        let mut next = Some(first);
+        while let Some(item) = next.take() {
+            match item {
+                Ok(p) => batch.push(p),
+                Err(e) => {
+                    failure = Some(e);
+                    break 'outer;
+                }
+            }
+            if batch.len() < max_batch {
+                next = rx.try_recv().ok();
+            }
+        }
+        batch.sort_by_key(Prepared::max_len);
+        for p in &batch {
+            if !p.unknown.is_empty() {
+                on_event(Event::Warning(format!(
+                    "segment {}: skipped phonemes the voice has no id for: {}",
+                    p.segment.index,
+                    p.unknown.join(" ")
+                )));
+            }
+        }
+        let (synth, store, state, on_event) = (
+            synth.clone(),
+            store.clone(),
+            state.clone(),
+            on_event.clone(),
+        );
+        let worker = opts.worker.clone();
+        let job = plan.job_id.clone();
+        tasks.spawn(async move {
+            let _permit = permit;
+            let done = synth.synthesize(batch).await?;
+            let mut records = Vec::with_capacity(done.len());
+            for s in done {
+                let index = s.prepared.segment.index;
+                store.put_segment(&job, index, &s.audio).await?;
+                let record = SegmentRecord {
+                    index,
+                    samples: s.audio.samples.len() as u64,
+                    sample_rate: s.audio.sample_rate,
+                    audio_seconds: s.audio.seconds(),
+                    inference_seconds: s.inference_seconds,
+                    queue_wait_seconds: s.queue_wait_seconds,
+                    batch_size: s.batch_size,
+                    attempts: 1,
+                    worker: worker.clone(),
+                    phoneme_ids: s.prepared.total_ids() as u32,
+                };
+                state.record_segment(&job, &record).await?;
+                on_event(Event::SegmentDone {
+                    record: record.clone(),
+                });
+                records.push(record);
+            }
+            Ok(records)
+        });
+        // Reap finished batches as we go so an error stops the job early.
+        while let Some(done) = tasks.try_join_next() {
+            match done {
+                Ok(Ok(r)) => finished.extend(r),
+                Ok(Err(e)) => {
+                    failure = Some(e);
+                    break 'outer;
+                }
+                Err(e) => {
+                    failure = Some(PipelineError::Task(e.to_string()));
+                    break 'outer;
+                }
+            }
+        }
+    }
+    drop(rx);
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(Ok(r)) => finished.extend(r),
+            Ok(Err(e)) => failure = failure.or(Some(e)),
+            Err(e) => failure = failure.or(Some(PipelineError::Task(e.to_string()))),
+        }
+    }
+    let _ = prep.await;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    finished.sort_by_key(|r| r.index);
+    finished.dedup_by_key(|r| r.index);
+    if finished.len() != plan.segments.len() {
+        return Err(PipelineError::Incomplete {
+            done: finished.len(),
+            total: plan.segments.len(),
+        });
+    }
+    Ok(finished)
+}

@@ -1,0 +1,141 @@
+//! The `narrator` command: wiring of the crates, one clear line per error.
+
+mod cli;
+mod engine;
+mod paths;
+mod progress;
+mod run;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command, VoicesArgs};
+use crate::paths::Paths;
+
+fn init_telemetry(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
+    let list = narrator_engine::list_voices(&paths.voices)?;
+    if args.json {
+        let v: Vec<_> = list
+            .iter()
+            .map(|v| {
+                serde_json::json!({
+                    "name": v.name, "language": v.config.language, "sample_rate": v.config.sample_rate,
+                    "quality": v.config.quality, "path": v.model_path,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+    } else if list.is_empty() {
+        println!(
+            "no voices in {} (run `bash ops/setup.sh`)",
+            paths.voices.display()
+        );
+    } else {
+        println!(
+            "{:<28} {:<8} {:>6}  {:<8} PATH",
+            "NAME", "LANGUAGE", "RATE", "QUALITY"
+        );
+        for v in list {
+            println!(
+                "{:<28} {:<8} {:>6}  {:<8} {}",
+                v.name,
+                v.config.language,
+                v.config.sample_rate,
+                v.config.quality,
+                v.model_path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    let paths = Paths::resolve(&cli.global)?;
+    match cli.command {
+        Command::Run(a) => run::run(&paths, a).await,
+        Command::Synth(a) => run::synth(&paths, a).await,
+        Command::Voices(a) => voices(&paths, a),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_telemetry(&cli.global.log);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        tokio::select! {
+            r = dispatch(cli) => Some(r),
+            _ = shutdown_signal() => None,
+        }
+    });
+    // Engine threads may be mid-run; finished segments are already safe on disk.
+    rt.shutdown_background();
+    match result {
+        Some(Ok(())) => std::process::ExitCode::SUCCESS,
+        Some(Err(e)) => {
+            eprintln!("error: {}", one_line(&e));
+            std::process::ExitCode::FAILURE
+        }
+        None => {
+            eprintln!(
+                "interrupted: finished segments are saved; run the same command again to resume"
+            );
+            std::process::ExitCode::from(130)
+        }
+    }
+}
+
+/// The error and its causes on one line, without repeating a cause the message already shows.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out.replace('\n', " ")
+}

@@ -1,0 +1,84 @@
+//! Where the voices, the runtime and the phonemizer data are: flags, environment, or the
+//! `.deps` folder that ops/setup.sh fills.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+use crate::cli::Global;
+
+/// Resolved locations.
+#[derive(Debug, Clone)]
+pub(crate) struct Paths {
+    pub(crate) voices: PathBuf,
+    pub(crate) onnxruntime: PathBuf,
+    pub(crate) espeak_parent: PathBuf,
+}
+
+fn find_deps() -> Option<PathBuf> {
+    let mut starts = Vec::new();
+    if let Ok(cwd) = std::env::current_dir() {
+        starts.push(cwd);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        starts.push(exe);
+    }
+    starts
+        .iter()
+        .flat_map(|s| s.ancestors())
+        .map(|a| a.join(".deps"))
+        .find(|d| d.join("voices").is_dir())
+}
+
+fn newest_runtime(dir: &Path) -> Option<PathBuf> {
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so."))
+        })
+        .collect();
+    libs.sort();
+    libs.pop()
+}
+
+impl Paths {
+    pub(crate) fn resolve(g: &Global) -> anyhow::Result<Self> {
+        let data = g.data_dir.clone().or_else(find_deps);
+        let need = |what: &str| -> anyhow::Result<PathBuf> {
+            match &data {
+                Some(d) => Ok(d.clone()),
+                None => bail!(
+                    "cannot find narrator's data folder for {what}: run `bash ops/setup.sh` in the repository, or set NARRATOR_DATA_DIR"
+                ),
+            }
+        };
+        let voices = match &g.voices_dir {
+            Some(v) => v.clone(),
+            None => need("voices")?.join("voices"),
+        };
+        let onnxruntime = match &g.onnxruntime {
+            Some(p) => p.clone(),
+            None => {
+                let dir = need("ONNX Runtime")?.join("onnxruntime");
+                newest_runtime(&dir).unwrap_or_else(|| dir.join("libonnxruntime.so.1.32.0"))
+            }
+        };
+        let espeak_parent = need("espeak-ng data")?;
+        if !espeak_parent.join("espeak-ng-data").is_dir() {
+            return Err(anyhow::anyhow!(
+                "espeak-ng data is missing in {}: run `bash ops/setup.sh`",
+                espeak_parent.display()
+            ))
+            .context("locating the phonemizer data");
+        }
+        Ok(Self {
+            voices,
+            onnxruntime,
+            espeak_parent,
+        })
+    }
+}

@@ -1,0 +1,387 @@
+//! `narrator run` and `narrator synth`: the embedded mode, with resume.
+//!
+//! Work folder `OUT/.narrator/`: `job.json` (job id and wall time spent so far),
+//! `segments/`, `journal.jsonl`. A run whose job id matches resumes; a different book or
+//! voice starts over. `manifest.json` is removed before work starts and written last.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use narrator_audio::{AudioFormat, Pauses};
+use narrator_core::Manifest;
+use narrator_pipeline::{
+    AssembleOptions, AudioIdentity, Event, JournalStateStore, LocalAudioStore, RunOptions,
+    assemble, plan_job, synthesize_job,
+};
+use narrator_text::{Document, InputFormat, LoadOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{EngineArgs, RunArgs, SynthArgs, TextArgs};
+use crate::engine;
+use crate::paths::Paths;
+use crate::progress::Progress;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct JobState {
+    job_id: String,
+    segments: usize,
+    wall_seconds: f64,
+}
+
+fn load_options(t: &TextArgs) -> LoadOptions {
+    LoadOptions {
+        max_bytes: t.max_input_mb.saturating_mul(1024 * 1024),
+        ..LoadOptions::default()
+    }
+}
+
+fn pauses(t: &TextArgs) -> Pauses {
+    Pauses {
+        sentence_ms: t.sentence_pause_ms,
+        paragraph_ms: t.paragraph_pause_ms,
+        chapter_ms: t.chapter_pause_ms,
+    }
+}
+
+fn identity_digest(voice: &narrator_engine::Voice) -> String {
+    let size = std::fs::metadata(&voice.model_path)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    format!("{size}:{}", voice.config.raw)
+        .bytes()
+        .fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+        })
+        .to_string()
+}
+
+/// Makes sure `dir` exists and can be written, with one clear error if not.
+fn writable_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        bail!(
+            "--out {} is a file, not a folder: choose a folder path",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(dir).with_context(|| {
+        format!(
+            "cannot create output folder {} (choose a writable --out)",
+            dir.display()
+        )
+    })?;
+    let probe = dir.join(".narrator-write-test");
+    std::fs::write(&probe, b"").with_context(|| {
+        format!(
+            "output folder {} is not writable (choose a writable --out)",
+            dir.display()
+        )
+    })?;
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}
+
+struct Outcome {
+    manifest: Manifest,
+    resumed: usize,
+}
+
+/// Synthesizes and assembles `doc` into `out`, resuming from `out/.narrator`.
+async fn produce(
+    paths: &Paths,
+    eargs: &EngineArgs,
+    targs: &TextArgs,
+    doc: &Document,
+    source: &str,
+    fallback_title: &str,
+    out: &Path,
+    format: AudioFormat,
+    show_progress: bool,
+    keep_work: bool,
+) -> anyhow::Result<Outcome> {
+    let voice = engine::find_voice(paths, eargs)?;
+    let d = voice.config.scales;
+    let scales = narrator_engine::Scales {
+        noise: eargs.noise_scale.unwrap_or(d.noise),
+        length: eargs.length_scale.unwrap_or(d.length),
+        noise_w: eargs.noise_w.unwrap_or(d.noise_w),
+    };
+    let digest = identity_digest(&voice);
+    let plan = plan_job(
+        doc,
+        source,
+        fallback_title,
+        &AudioIdentity {
+            voice: &voice.name,
+            voice_digest: &digest,
+            scales,
+        },
+    );
+    if plan.segments.is_empty() {
+        bail!("{source} has nothing speakable after cleaning; check that it holds readable text");
+    }
+
+    let work = out.join(".narrator");
+    let state_path = work.join("job.json");
+    let previous: Option<JobState> = std::fs::read(&state_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let manifest_path = out.join("manifest.json");
+    // A manifest from an earlier job must not be mistaken for this one's, and a complete
+    // one of this job must not survive a rebuild half-done.
+    if let Ok(bytes) = std::fs::read(&manifest_path) {
+        if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) {
+            if m.job_id == plan.job_id && m.format == format.extension() {
+                let all_there = out.join(&m.book.file).is_file()
+                    && m.chapters.iter().all(|c| out.join(&c.file).is_file());
+                if all_there {
+                    return Ok(Outcome {
+                        resumed: plan.segments.len(),
+                        manifest: m,
+                    });
+                }
+            }
+        }
+        std::fs::remove_file(&manifest_path)
+            .with_context(|| format!("removing stale {}", manifest_path.display()))?;
+    }
+    let mut wall_before = 0.0;
+    match previous {
+        Some(p) if p.job_id == plan.job_id => wall_before = p.wall_seconds,
+        Some(_) => {
+            std::fs::remove_dir_all(&work)
+                .with_context(|| format!("clearing {} of another job", work.display()))?;
+        }
+        None => {}
+    }
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let save_state = |wall: f64| -> anyhow::Result<()> {
+        let s = JobState {
+            job_id: plan.job_id.clone(),
+            segments: plan.segments.len(),
+            wall_seconds: wall,
+        };
+        let tmp = work.join("job.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(&s)?)?;
+        std::fs::rename(&tmp, &state_path)?;
+        Ok(())
+    };
+    save_state(wall_before)?;
+
+    let store = Arc::new(LocalAudioStore::new(
+        work.join("segments"),
+        out.to_path_buf(),
+    )?);
+    let state = Arc::new(JournalStateStore::open(work.join("journal.jsonl"))?);
+
+    let started = Instant::now();
+    let loaded = engine::load(paths, eargs, voice)?;
+    let synth = Arc::new(loaded.synth);
+    let progress = Arc::new(Progress::new(show_progress, started));
+    let p = progress.clone();
+    let saved_at = Arc::new(AtomicU64::new(0));
+    let work_for_events = work.clone();
+    let job_id = plan.job_id.clone();
+    let n_segments = plan.segments.len();
+    let on_event: Arc<dyn Fn(Event) + Send + Sync> = Arc::new(move |e| {
+        // Keep the elapsed time on disk now and then, so a resumed job's figures include it.
+        let now = started.elapsed().as_secs();
+        if now >= saved_at.load(Ordering::Relaxed) + 5 {
+            saved_at.store(now, Ordering::Relaxed);
+            let s = JobState {
+                job_id: job_id.clone(),
+                segments: n_segments,
+                wall_seconds: wall_before + started.elapsed().as_secs_f64(),
+            };
+            if let Ok(b) = serde_json::to_vec(&s) {
+                let tmp = work_for_events.join("job.json.tmp");
+                if std::fs::write(&tmp, b).is_ok() {
+                    let _ = std::fs::rename(&tmp, work_for_events.join("job.json"));
+                }
+            }
+        }
+        p.event(&e);
+    });
+    let opts = RunOptions {
+        worker: worker_name(),
+        max_batch: loaded.max_batch,
+        in_flight: loaded.in_flight,
+    };
+    let records = synthesize_job(&plan, synth, store.clone(), state, &opts, on_event).await?;
+    let resumed = progress.resumed();
+    progress.assembling();
+    let wall = wall_before + started.elapsed().as_secs_f64();
+    save_state(wall)?;
+    let aopts = AssembleOptions {
+        format,
+        pauses: pauses(targs),
+        staging: work.join("staging"),
+    };
+    let manifest = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(assemble(&plan, &records, &*store, &aopts, wall))
+    })?;
+    progress.finish();
+    if !keep_work {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    Ok(Outcome { manifest, resumed })
+}
+
+fn worker_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "local".into());
+    format!("{host}:{}", std::process::id())
+}
+
+fn file_stem(p: &Path) -> String {
+    p.file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("book")
+        .to_string()
+}
+
+/// `narrator run`.
+pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
+    let format: AudioFormat = args.format.parse()?;
+    let doc = narrator_text::load_document(&args.book, &load_options(&args.text))?;
+    writable_dir(&args.out)?;
+    // Validate the voice before anything else is written.
+    engine::find_voice(paths, &args.engine)?;
+    for w in &doc.warnings {
+        eprintln!("warning: {w}");
+    }
+    let source = args.book.display().to_string();
+    let show = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let outcome = produce(
+        paths,
+        &args.engine,
+        &args.text,
+        &doc,
+        &source,
+        &file_stem(&args.book),
+        &args.out,
+        format,
+        show,
+        args.keep_work,
+    )
+    .await?;
+    print_summary(&outcome, &args.out, args.json)
+}
+
+fn print_summary(o: &Outcome, out: &Path, json: bool) -> anyhow::Result<()> {
+    let m = &o.manifest;
+    if json {
+        let v = serde_json::json!({
+            "job_id": m.job_id,
+            "out": out,
+            "manifest": out.join("manifest.json"),
+            "book": m.book,
+            "chapters": m.chapters.len(),
+            "segments": m.segments.len(),
+            "resumed_segments": o.resumed,
+            "voice": m.voice,
+            "format": m.format,
+            "audio_seconds": m.audio_seconds,
+            "speech_seconds": m.speech_seconds,
+            "wall_seconds": m.wall_seconds,
+            "rtf": m.rtf,
+            "x_realtime": if m.rtf > 0.0 { 1.0 / m.rtf } else { 0.0 },
+            "warnings": m.warnings,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "{} chapters, {} segments, {} of audio in {:.1} s (RTF {:.3}, {:.1}x realtime){}",
+            m.chapters.len(),
+            m.segments.len(),
+            crate::progress::hms(m.audio_seconds),
+            m.wall_seconds,
+            m.rtf,
+            if m.rtf > 0.0 { 1.0 / m.rtf } else { 0.0 },
+            if o.resumed > 0 {
+                format!(", {} segments resumed", o.resumed)
+            } else {
+                String::new()
+            }
+        );
+        println!("book: {}", out.join(&m.book.file).display());
+        println!("manifest: {}", out.join("manifest.json").display());
+    }
+    Ok(())
+}
+
+/// `narrator synth`.
+pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> {
+    let ext = args
+        .output
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    let format: AudioFormat = ext.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "cannot tell the format of -o {}: end it in .wav, .opus or .mp3",
+            args.output.display()
+        )
+    })?;
+    let opts = load_options(&args.text);
+    let (doc, source) = if args.input == Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
+            .context("reading standard input")?;
+        let text = String::from_utf8(buf).map_err(|e| {
+            anyhow::anyhow!(
+                "standard input is not valid UTF-8 (at byte {}): convert it with iconv",
+                e.utf8_error().valid_up_to()
+            )
+        })?;
+        (
+            narrator_text::parse_document(&text, InputFormat::Text, &opts)?,
+            "-".to_string(),
+        )
+    } else {
+        (
+            narrator_text::load_document(&args.input, &opts)?,
+            args.input.display().to_string(),
+        )
+    };
+    for w in &doc.warnings {
+        eprintln!("warning: {w}");
+    }
+    let parent = args
+        .output
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    writable_dir(&parent)?;
+    let work = tempfile::Builder::new()
+        .prefix(".narrator-synth-")
+        .tempdir_in(&parent)
+        .with_context(|| format!("creating a work folder in {}", parent.display()))?;
+    let outcome = produce(
+        paths,
+        &args.engine,
+        &args.text,
+        &doc,
+        &source,
+        "speech",
+        work.path(),
+        format,
+        false,
+        false,
+    )
+    .await?;
+    let book = work.path().join(&outcome.manifest.book.file);
+    std::fs::rename(&book, &args.output)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    eprintln!(
+        "{}: {:.1} s of audio in {:.1} s",
+        args.output.display(),
+        outcome.manifest.audio_seconds,
+        outcome.manifest.wall_seconds
+    );
+    Ok(())
+}
