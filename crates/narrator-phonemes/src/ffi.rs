@@ -1,0 +1,214 @@
+//! The only unsafe code in narrator: hand-written bindings to Debian's libespeak-ng
+//! (1.51, `libespeak-ng.so.1`, linked by `build.rs` through pkg-config).
+//!
+//! espeak-ng keeps all of its state in C globals (the selected voice, the text decoder,
+//! characters it read ahead of the current clause), so every call goes through one
+//! process-wide [`Mutex`]: [`Espeak::acquire`] returns a guard, and only the guard can
+//! call into the library. espeak-ng is initialized once per process, on the first
+//! acquire, with the data directory given; asking for another directory later is an
+//! error (the library cannot be re-initialized safely).
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::PhonemeError;
+
+/// `espeak_AUDIO_OUTPUT::AUDIO_OUTPUT_SYNCHRONOUS`: no audio thread is started.
+const AUDIO_OUTPUT_SYNCHRONOUS: c_int = 2;
+/// `espeakINITIALIZE_DONT_EXIT`: return an error instead of calling `exit()` when the
+/// data is missing.
+const INITIALIZE_DONT_EXIT: c_int = 0x8000;
+/// `espeakCHARS_UTF8`.
+const CHARS_UTF8: c_int = 1;
+/// `espeakPHONEMES_IPA`.
+pub(crate) const PHONEMES_IPA: c_int = 0x02;
+/// espeak's own ASCII (Kirshenbaum-like) phoneme mnemonics.
+pub(crate) const PHONEMES_ASCII: c_int = 0x00;
+/// `EE_OK`.
+const EE_OK: c_int = 0;
+
+// Signatures from /usr/include/espeak-ng/speak_lib.h (1.51). The enum parameters are C
+// `int`s; `espeak_ERROR` is an `int`-sized enum.
+unsafe extern "C" {
+    fn espeak_Initialize(
+        output: c_int,
+        buflength: c_int,
+        path: *const c_char,
+        options: c_int,
+    ) -> c_int;
+    fn espeak_SetVoiceByName(name: *const c_char) -> c_int;
+    fn espeak_TextToPhonemes(
+        textptr: *mut *const c_void,
+        textmode: c_int,
+        phonememode: c_int,
+    ) -> *const c_char;
+    fn espeak_Info(path_data: *mut *const c_char) -> *const c_char;
+}
+
+/// What the process-wide lock protects.
+struct EngineState {
+    /// The directory containing `espeak-ng-data` that espeak-ng was initialized with.
+    data_parent: PathBuf,
+    /// The version string espeak-ng reported at initialization.
+    version: String,
+}
+
+static ENGINE: Mutex<Option<EngineState>> = Mutex::new(None);
+
+/// One clause as returned by `espeak_TextToPhonemes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawClause {
+    /// The phoneme string (lossily decoded as UTF-8).
+    pub(crate) phonemes: String,
+    /// Byte range of the input text espeak-ng consumed for this clause (it reads one
+    /// character past the clause's end, so this may include the next clause's first
+    /// character).
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    /// espeak-ng reached the end of the text.
+    pub(crate) at_eof: bool,
+}
+
+/// Exclusive access to the initialized espeak-ng library.
+pub(crate) struct Espeak {
+    guard: MutexGuard<'static, Option<EngineState>>,
+}
+
+impl Espeak {
+    /// Locks espeak-ng, initializing it with `data_parent` (the directory that contains
+    /// `espeak-ng-data`, already canonicalized) on first use.
+    pub(crate) fn acquire(data_parent: &Path) -> Result<Espeak, PhonemeError> {
+        // A panic while the lock was held cannot leave Rust state half-written (the state
+        // is written once, after a successful initialization), so poisoning is ignored.
+        let mut guard = ENGINE.lock().unwrap_or_else(PoisonError::into_inner);
+        match guard.as_ref() {
+            Some(state) if state.data_parent == data_parent => {}
+            Some(state) => {
+                return Err(PhonemeError::DataPathConflict {
+                    active: state.data_parent.clone(),
+                    requested: data_parent.to_path_buf(),
+                });
+            }
+            None => {
+                let c_path = CString::new(data_parent.as_os_str().as_bytes()).map_err(|_| {
+                    PhonemeError::DataNotFound {
+                        path: data_parent.to_path_buf(),
+                    }
+                })?;
+                // SAFETY: `c_path` is a valid NUL-terminated string that outlives the call
+                // (espeak-ng copies the path). The lock is held, so no other thread is
+                // inside espeak-ng. DONT_EXIT makes a missing data directory an error
+                // return instead of `exit()`.
+                let rate = unsafe {
+                    espeak_Initialize(
+                        AUDIO_OUTPUT_SYNCHRONOUS,
+                        0,
+                        c_path.as_ptr(),
+                        INITIALIZE_DONT_EXIT,
+                    )
+                };
+                if rate <= 0 {
+                    return Err(PhonemeError::Initialize {
+                        path: data_parent.to_path_buf(),
+                        code: rate,
+                    });
+                }
+                let version = info_version();
+                *guard = Some(EngineState {
+                    data_parent: data_parent.to_path_buf(),
+                    version,
+                });
+            }
+        }
+        Ok(Espeak { guard })
+    }
+
+    /// espeak-ng's version string, e.g. "1.51".
+    pub(crate) fn version(&self) -> &str {
+        self.guard
+            .as_ref()
+            .map_or("", |state| state.version.as_str())
+    }
+
+    /// Selects an espeak-ng voice such as `en-us`.
+    pub(crate) fn set_voice(&mut self, voice: &str) -> Result<(), PhonemeError> {
+        let unknown = || PhonemeError::UnknownVoice {
+            voice: voice.to_owned(),
+        };
+        let c_voice = CString::new(voice).map_err(|_| unknown())?;
+        // SAFETY: the lock (held by `self`) serializes all espeak-ng calls, espeak-ng was
+        // initialized by `acquire`, and `c_voice` is NUL-terminated and outlives the call.
+        let rc = unsafe { espeak_SetVoiceByName(c_voice.as_ptr()) };
+        if rc == EE_OK { Ok(()) } else { Err(unknown()) }
+    }
+
+    /// Runs `espeak_TextToPhonemes` clause by clause over all of `text` with the given
+    /// phoneme mode (`PHONEMES_IPA` or `PHONEMES_ASCII`, optionally `| sep << 8`).
+    pub(crate) fn clauses(
+        &mut self,
+        text: &CStr,
+        phoneme_mode: c_int,
+    ) -> Result<Vec<RawClause>, PhonemeError> {
+        let base: *const c_void = text.as_ptr().cast();
+        let len = text.to_bytes().len();
+        let mut cursor = base;
+        let mut clauses = Vec::new();
+        // Every clause consumes at least one byte; the bound only stops a misbehaving
+        // library from looping forever.
+        for _ in 0..len + 8 {
+            let start = cursor.addr().wrapping_sub(base.addr());
+            // SAFETY: the lock (held by `self`) serializes all espeak-ng calls and
+            // espeak-ng is initialized. `cursor` points into `text`, a NUL-terminated
+            // UTF-8 buffer that outlives the call; espeak-ng only reads it and moves
+            // `cursor` forward within it, or sets it to NULL at the end.
+            let phonemes = unsafe { espeak_TextToPhonemes(&mut cursor, CHARS_UTF8, phoneme_mode) };
+            if phonemes.is_null() {
+                return Err(PhonemeError::Engine { offset: start });
+            }
+            // SAFETY: a non-NULL return is a NUL-terminated string in espeak-ng's own
+            // buffer, valid until the next call into espeak-ng; it is copied right here,
+            // while the lock is still held.
+            let phonemes = unsafe { CStr::from_ptr(phonemes) }
+                .to_string_lossy()
+                .into_owned();
+            if cursor.is_null() {
+                clauses.push(RawClause {
+                    phonemes,
+                    start,
+                    end: len,
+                    at_eof: true,
+                });
+                return Ok(clauses);
+            }
+            let end = cursor.addr().wrapping_sub(base.addr());
+            if end > len || end < start {
+                return Err(PhonemeError::Engine { offset: start });
+            }
+            clauses.push(RawClause {
+                phonemes,
+                start,
+                end,
+                at_eof: false,
+            });
+        }
+        Err(PhonemeError::Engine { offset: len })
+    }
+}
+
+/// Reads espeak-ng's version string (called with the lock held, after initialization).
+fn info_version() -> String {
+    let mut data_path: *const c_char = std::ptr::null();
+    // SAFETY: called only from `acquire` with the lock held after a successful
+    // initialization; espeak_Info writes a pointer to its own static buffer into
+    // `data_path` and returns a pointer to a static version string.
+    let version = unsafe { espeak_Info(&mut data_path) };
+    if version.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-NULL, NUL-terminated, static in libespeak-ng.
+    unsafe { CStr::from_ptr(version) }
+        .to_string_lossy()
+        .into_owned()
+}

