@@ -144,6 +144,14 @@ async fn produce(
                 }
             }
         }
+        // The outputs it lists belong to another job or format: remove them with it.
+        if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) {
+            for f in m.chapters.iter().map(|c| &c.file).chain([&m.book.file]) {
+                if !f.contains('/') {
+                    let _ = std::fs::remove_file(out.join(f));
+                }
+            }
+        }
         std::fs::remove_file(&manifest_path)
             .with_context(|| format!("removing stale {}", manifest_path.display()))?;
     }
