@@ -1,0 +1,665 @@
+//! End-to-end tests of narrator-text through its public API: real files on disk,
+//! the alice29 corpus, an EPUB built here with the zip crate, every error kind, and
+//! random input that must never panic.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use narrator_text::{
+    Document, InputFormat, LoadOptions, TextError, cap_sentence, load_document, parse_document,
+    parse_epub_bytes,
+};
+
+const ALICE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/corpus/alice29.txt"
+);
+
+fn opts() -> LoadOptions {
+    LoadOptions::default()
+}
+
+fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&path).expect("create test file");
+    f.write_all(bytes).expect("write test file");
+    path
+}
+
+fn all_sentences(doc: &Document) -> Vec<&str> {
+    doc.chapters
+        .iter()
+        .flat_map(|c| &c.paragraphs)
+        .flat_map(|p| &p.sentences)
+        .map(String::as_str)
+        .collect()
+}
+
+fn titles(doc: &Document) -> Vec<&str> {
+    doc.chapters.iter().map(|c| c.title.as_str()).collect()
+}
+
+#[test]
+fn alice_has_twelve_titled_chapters() {
+    if !Path::new(ALICE).exists() {
+        eprintln!("SKIPPED: corpus file {ALICE} is absent");
+        return;
+    }
+    let doc = load_document(Path::new(ALICE), &opts()).expect("alice parses");
+    assert_eq!(
+        doc.title.as_deref(),
+        Some("ALICE'S ADVENTURES IN WONDERLAND")
+    );
+    assert_eq!(
+        titles(&doc),
+        [
+            "Chapter 1: Down the Rabbit-Hole",
+            "Chapter 2: The Pool of Tears",
+            "Chapter 3: A Caucus-Race and a Long Tale",
+            "Chapter 4: The Rabbit Sends in a Little Bill",
+            "Chapter 5: Advice from a Caterpillar",
+            "Chapter 6: Pig and Pepper",
+            "Chapter 7: A Mad Tea-Party",
+            "Chapter 8: The Queen's Croquet-Ground",
+            "Chapter 9: The Mock Turtle's Story",
+            "Chapter 10: The Lobster Quadrille",
+            "Chapter 11: Who Stole the Tarts?",
+            "Chapter 12: Alice's Evidence",
+        ]
+    );
+    for ch in &doc.chapters {
+        assert!(
+            ch.sentence_count() >= 50,
+            "{} has {} sentences",
+            ch.title,
+            ch.sentence_count()
+        );
+        assert!(ch.paragraphs.len() >= 20, "{}", ch.title);
+    }
+    let sentences = all_sentences(&doc);
+    assert!(sentences.len() > 1000, "{}", sentences.len());
+    for s in &sentences {
+        assert!(s.chars().count() <= 400, "too long: {s}");
+        assert!(
+            !s.contains("--") && !s.contains('`') && !s.contains('\r'),
+            "{s}"
+        );
+    }
+    // The first paragraph, hard-wrapped over five lines, is one sentence with its quotes.
+    let first = &doc.chapters[0].paragraphs[0].sentences;
+    assert_eq!(first.len(), 1);
+    assert!(first[0].starts_with("Alice was beginning to get very tired"));
+    assert!(first[0].ends_with("without pictures or conversation?'"));
+    // Exclamations inside a quotation split into sentences.
+    assert!(sentences.contains(&"Oh dear!"));
+    // The title page is skipped, and said so.
+    assert!(
+        doc.warnings.iter().any(|w| w.contains("title page")),
+        "{:?}",
+        doc.warnings
+    );
+    assert!(
+        !doc.warnings
+            .iter()
+            .any(|w| w.contains("skipped") && w.contains("characters"))
+    );
+}
+
+#[test]
+fn plain_text_chapters_and_preface() {
+    let text = "My Little Book\n\nThis is a preface that explains, at some length and with a great deal of care, why this\nbook exists at all and whom it is for.\n\nCHAPTER I.\nThe Start\n\nIt began on a Monday. Nobody noticed.\n\nChapter 2. The Middle\n\nThings happened.\n\nPart Two\n\nMore happened.\n\nEPILOGUE\n\nAll done.\n";
+    let doc = parse_document(text, InputFormat::Text, &opts()).expect("parses");
+    assert_eq!(doc.title.as_deref(), Some("My Little Book"));
+    assert_eq!(
+        titles(&doc),
+        [
+            "My Little Book",
+            "Chapter 1: The Start",
+            "Chapter 2: The Middle",
+            "Part Two",
+            "Epilogue"
+        ]
+    );
+    assert_eq!(
+        doc.chapters[1].paragraphs[0].sentences,
+        ["It began on a Monday.", "Nobody noticed."]
+    );
+}
+
+#[test]
+fn plain_text_without_headings_is_one_chapter() {
+    let doc =
+        parse_document("Just a note.\n\nAnother one.", InputFormat::Text, &opts()).expect("parses");
+    assert_eq!(doc.chapters.len(), 1);
+    assert_eq!(doc.chapters[0].paragraphs.len(), 2);
+}
+
+#[test]
+fn markdown_chapters_from_headings() {
+    let md = "# A Tale\n\n## Chapter IV\n\nHe said _hello_ to **Dr. Who** at 3:45 pm. She paid $3.50!\n\n```rust\nfn main() {}\n```\n\n## The [Second](x.html) One\n\n> A quote, with `code`.\n";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_file(dir.path(), "tale.MD", md.as_bytes());
+    let doc = load_document(&path, &opts()).expect("parses");
+    assert_eq!(doc.title.as_deref(), Some("A Tale"));
+    assert_eq!(titles(&doc), ["Chapter 4", "The Second One"]);
+    assert_eq!(
+        doc.chapters[0].paragraphs[0].sentences,
+        [
+            "He said hello to Doctor Who at 3 45 p m.",
+            "She paid 3 dollars 50 cents!"
+        ]
+    );
+    assert_eq!(doc.chapters[0].paragraphs.len(), 1, "code block is skipped");
+    assert_eq!(
+        doc.chapters[1].paragraphs[0].sentences,
+        ["A quote, with code."]
+    );
+}
+
+#[test]
+fn sentence_splitting_through_the_pipeline() {
+    let text = "Mr. Smith paid $4.20, i.e. a lot. J. R. R. Tolkien wrote 3.5 books? \u{201c}No!\u{201d} She laughed. Call me at 10:00. Etc. etc. is fine.";
+    let doc = parse_document(text, InputFormat::Text, &opts()).expect("parses");
+    assert_eq!(
+        all_sentences(&doc),
+        [
+            "Mister Smith paid 4 dollars 20 cents, that is a lot.",
+            "J. R. R. Tolkien wrote 3.5 books?",
+            "\u{201c}No!\u{201d}",
+            "She laughed.",
+            "Call me at 10 o'clock.",
+            "Et cetera et cetera is fine.",
+        ]
+    );
+}
+
+#[test]
+fn normalization_cases() {
+    let text = "It rose 10% \u{2014} or \u{a3}5 \u{2014} on the 21st & 22nd of May 1865. Caf\u{e9} na\u{ef}ve r\u{e9}sum\u{e9}, e.g. *fine*; vs. etc.";
+    let doc = parse_document(text, InputFormat::Text, &opts()).expect("parses");
+    assert_eq!(
+        all_sentences(&doc),
+        [
+            "It rose 10 percent, or 5 pounds, on the 21st and 22nd of May 1865.",
+            "Caf\u{e9} na\u{ef}ve r\u{e9}sum\u{e9}, for example fine; versus et cetera."
+        ]
+    );
+}
+
+#[test]
+fn huge_unpunctuated_sentence_is_capped_without_losing_words() {
+    let words: Vec<String> = (0..4000).map(|i| format!("w{i}")).collect();
+    let text = words.join(" ");
+    assert!(text.len() >= 20_000, "{}", text.len());
+    let text = &text[..20_000];
+    let opts = LoadOptions {
+        max_sentence_chars: 400,
+        ..LoadOptions::default()
+    };
+    let doc = parse_document(text, InputFormat::Text, &opts).expect("parses");
+    let pieces = all_sentences(&doc);
+    assert!(pieces.len() >= 50, "{}", pieces.len());
+    assert!(pieces.iter().all(|p| p.chars().count() <= 400));
+    assert_eq!(pieces.join(" "), text, "no word lost or altered");
+
+    // One word of 20,000 letters: cut mid-word, nothing lost.
+    let long_word = "a".repeat(20_000);
+    let pieces = cap_sentence(&long_word, 400);
+    assert_eq!(pieces.len(), 50);
+    assert_eq!(pieces.concat(), long_word);
+}
+
+#[test]
+fn emoji_and_cjk_are_skipped_with_one_warning_each() {
+    let text = "Hello \u{1f600} world \u{1f44d}.\n\nIt says \u{6f22}\u{5b57} here \u{1f680}.\n\n\u{041f}\u{0440}\u{0438}\u{0432}\u{0435}\u{0442}\n\nCaf\u{e9} stays.";
+    let doc = parse_document(text, InputFormat::Text, &opts()).expect("parses");
+    assert_eq!(
+        all_sentences(&doc),
+        ["Hello world.", "It says here.", "Caf\u{e9} stays."]
+    );
+    assert_eq!(
+        doc.warnings,
+        [
+            "skipped 3 emoji/pictographs",
+            "skipped 8 characters in scripts the voice cannot speak (e.g. \"\u{6f22}\")"
+        ]
+    );
+}
+
+/// A minimal EPUB 3 with nav and NCX, two chapters, an untitled cover page and a
+/// stylesheet, written with the zip crate.
+fn build_epub() -> Vec<u8> {
+    use zip::write::SimpleFileOptions;
+    let container = r#"<?xml version="1.0"?>
+<container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">
+  <rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/></rootfiles>
+</container>"#;
+    let opf = r#"<?xml version="1.0" encoding="UTF-8"?>
+<package xmlns="http://www.idpf.org/2007/opf" version="3.0" unique-identifier="id">
+  <metadata xmlns:dc="http://purl.org/dc/elements/1.1/">
+    <dc:title>The Test Book</dc:title><dc:identifier id="id">x</dc:identifier>
+  </metadata>
+  <manifest>
+    <item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/>
+    <item id="ncx" href="toc.ncx" media-type="application/x-dtbncx+xml"/>
+    <item id="css" href="style.css" media-type="text/css"/>
+    <item id="c1" href="Text/chapter%201.xhtml" media-type="application/xhtml+xml"/>
+    <item id="c2" href="Text/ch2.xhtml" media-type="application/xhtml+xml"/>
+    <item id="notes" href="Text/notes.xhtml" media-type="application/xhtml+xml"/>
+  </manifest>
+  <spine toc="ncx">
+    <itemref idref="c1"/><itemref idref="c2"/><itemref idref="notes" linear="no"/>
+  </spine>
+</package>"#;
+    let nav = r#"<?xml version="1.0" encoding="UTF-8"?>
+<html xmlns="http://www.w3.org/1999/xhtml" xmlns:epub="http://www.idpf.org/2007/ops"><body>
+<nav epub:type="toc"><ol>
+  <li><a href="Text/chapter%201.xhtml">CHAPTER I. Arrival</a></li>
+  <li><a href="Text/ch2.xhtml#start">The <em>Second</em> Day</a></li>
+</ol></nav></body></html>"#;
+    let ncx = r#"<?xml version="1.0"?>
+<ncx xmlns="http://www.daisy.org/z3986/2005/ncx/" version="2005-1"><navMap>
+  <navPoint id="n1"><navLabel><text>NCX one</text></navLabel><content src="Text/chapter%201.xhtml"/></navPoint>
+</navMap></ncx>"#;
+    let ch1 = r#"<?xml version="1.0" encoding="UTF-8"?>
+<!DOCTYPE html>
+<html xmlns="http://www.w3.org/1999/xhtml"><head><title>c1</title><style>p { color: red }</style></head>
+<body><h1>Chapter I. Arrival</h1>
+<p>It was a cold&nbsp;night&mdash;very cold. Mr.&nbsp;Gray arrived.</p>
+<script>document.write("no")</script>
+<div><p>Caf&eacute; lights &amp; rain.</p></div>
+</body></html>"#;
+    let ch2 = r#"<?xml version="1.0" encoding="UTF-8"?>
+<html xmlns="http://www.w3.org/1999/xhtml"><body>
+<section><h2 id="start">Day Two</h2><ul><li>First item.</li><li>Second item.</li></ul>
+<blockquote>A quoted line.</blockquote></section></body></html>"#;
+    let notes = r#"<html xmlns="http://www.w3.org/1999/xhtml"><body><p>Notes are not linear.</p></body></html>"#;
+
+    let mut buf = std::io::Cursor::new(Vec::new());
+    {
+        let mut zip = zip::ZipWriter::new(&mut buf);
+        let stored =
+            SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        let deflated = SimpleFileOptions::default();
+        zip.start_file("mimetype", stored).expect("zip");
+        zip.write_all(b"application/epub+zip").expect("zip");
+        for (name, body) in [
+            ("META-INF/container.xml", container),
+            ("OEBPS/content.opf", opf),
+            ("OEBPS/nav.xhtml", nav),
+            ("OEBPS/toc.ncx", ncx),
+            ("OEBPS/style.css", "p { margin: 0 }"),
+            ("OEBPS/Text/chapter 1.xhtml", ch1),
+            ("OEBPS/Text/ch2.xhtml", ch2),
+            ("OEBPS/Text/notes.xhtml", notes),
+        ] {
+            zip.start_file(name, deflated).expect("zip");
+            zip.write_all(body.as_bytes()).expect("zip");
+        }
+        zip.finish().expect("zip");
+    }
+    buf.into_inner()
+}
+
+#[test]
+fn epub_chapters_in_spine_order_with_toc_titles() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_file(dir.path(), "book.EPUB", &build_epub());
+    let doc = load_document(&path, &opts()).expect("epub parses");
+    assert_eq!(doc.title.as_deref(), Some("The Test Book"));
+    assert_eq!(titles(&doc), ["Chapter 1: Arrival", "The Second Day"]);
+    let ch1: Vec<&Vec<String>> = doc.chapters[0]
+        .paragraphs
+        .iter()
+        .map(|p| &p.sentences)
+        .collect();
+    assert_eq!(
+        ch1,
+        [
+            &vec![
+                "It was a cold night, very cold.".to_owned(),
+                "Mister Gray arrived.".to_owned()
+            ],
+            &vec!["Caf\u{e9} lights and rain.".to_owned()],
+        ]
+    );
+    // The chapter-two heading differs from its TOC label, so it is read as a paragraph.
+    let ch2: Vec<&str> = doc.chapters[1]
+        .paragraphs
+        .iter()
+        .flat_map(|p| &p.sentences)
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        ch2,
+        ["Day Two.", "First item.", "Second item.", "A quoted line."]
+    );
+    // Same bytes from memory.
+    assert_eq!(
+        parse_epub_bytes(&build_epub(), &opts()).expect("parses"),
+        doc
+    );
+}
+
+#[test]
+fn epub_without_toc_uses_headings_then_numbers() {
+    use zip::write::SimpleFileOptions;
+    let mut buf = std::io::Cursor::new(Vec::new());
+    {
+        let mut zip = zip::ZipWriter::new(&mut buf);
+        let o = SimpleFileOptions::default();
+        let files = [
+            (
+                "META-INF/container.xml",
+                r#"<container><rootfiles><rootfile full-path="book.opf"/></rootfiles></container>"#,
+            ),
+            (
+                "book.opf",
+                r#"<package><manifest><item id="a" href="a.html" media-type="application/xhtml+xml"/><item id="b" href="b.html" media-type="application/xhtml+xml"/></manifest><spine><itemref idref="a"/><itemref idref="b"/></spine></package>"#,
+            ),
+            (
+                "a.html",
+                "<html><body><h2>The Heading</h2><p>Alpha.</p></body></html>",
+            ),
+            ("b.html", "<html><body><p>Beta.</p></body></html>"),
+        ];
+        for (name, body) in files {
+            zip.start_file(name, o).expect("zip");
+            zip.write_all(body.as_bytes()).expect("zip");
+        }
+        zip.finish().expect("zip");
+    }
+    let doc = parse_epub_bytes(&buf.into_inner(), &opts()).expect("parses");
+    assert_eq!(doc.title, None);
+    assert_eq!(titles(&doc), ["The Heading", "Chapter 2"]);
+}
+
+fn epub_with(files: &[(&str, &str)]) -> Vec<u8> {
+    use zip::write::SimpleFileOptions;
+    let mut buf = std::io::Cursor::new(Vec::new());
+    {
+        let mut zip = zip::ZipWriter::new(&mut buf);
+        for (name, body) in files {
+            zip.start_file(*name, SimpleFileOptions::default())
+                .expect("zip");
+            zip.write_all(body.as_bytes()).expect("zip");
+        }
+        zip.finish().expect("zip");
+    }
+    buf.into_inner()
+}
+
+#[test]
+fn broken_epubs_give_clear_errors() {
+    let container = (
+        "META-INF/container.xml",
+        r#"<container><rootfiles><rootfile full-path="p.opf"/></rootfiles></container>"#,
+    );
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"this is not a zip at all".to_vec(), "not a zip"),
+        (epub_with(&[("x.txt", "hi")]), "no package"),
+        (epub_with(&[container]), "package file p.opf is missing"),
+        (
+            epub_with(&[
+                container,
+                ("p.opf", "<package><manifest/><spine/></package>"),
+            ]),
+            "spine lists no chapters",
+        ),
+        (
+            epub_with(&[
+                container,
+                (
+                    "p.opf",
+                    r#"<package><manifest><item id="a" href="a.xhtml" media-type="application/xhtml+xml"/></manifest><spine><itemref idref="a"/></spine></package>"#,
+                ),
+                ("a.xhtml", "<html><body><p>unclosed</body></html>"),
+            ]),
+            "a.xhtml is not well-formed XHTML at line 1",
+        ),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (i, (bytes, expected)) in cases.into_iter().enumerate() {
+        let path = write_file(dir.path(), &format!("b{i}.epub"), &bytes);
+        let err = load_document(&path, &opts()).expect_err("must fail");
+        assert_eq!(err.kind(), "epub_broken", "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(expected), "{msg}");
+        assert!(msg.contains(&format!("b{i}.epub")), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
+    }
+}
+
+fn load_err(name: &str, bytes: &[u8], opts: &LoadOptions) -> TextError {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_file(dir.path(), name, bytes);
+    load_document(&path, opts).expect_err("must fail")
+}
+
+#[test]
+fn error_kinds_for_bad_files() {
+    let o = opts();
+    assert_eq!(load_err("e.txt", b"", &o).kind(), "empty");
+    assert_eq!(load_err("w.md", b" \n\t\r\n ", &o).kind(), "empty");
+    assert_eq!(
+        load_err("b.txt", b"PK\x03\x04\0\0\x01\x02binary", &o).kind(),
+        "binary"
+    );
+    let bad = load_err("l.txt", b"caf\xe9 au lait", &o);
+    assert_eq!(bad.kind(), "invalid_utf8");
+    assert!(
+        bad.to_string().contains("offset 3") && bad.to_string().contains("iconv"),
+        "{bad}"
+    );
+    let unsupported = load_err("book.pdf", b"%PDF-1.4", &o);
+    assert_eq!(unsupported.kind(), "unsupported_format");
+    assert!(unsupported.to_string().contains(".epub"), "{unsupported}");
+    let small = LoadOptions {
+        max_bytes: 10,
+        ..LoadOptions::default()
+    };
+    let big = load_err("big.txt", b"This text is longer than ten bytes.", &small);
+    assert_eq!(big.kind(), "too_large");
+    assert!(big.to_string().contains("--max-input-mb"), "{big}");
+    assert_eq!(
+        load_err("sym.txt", "\u{1f600} \u{2192} ... ---".as_bytes(), &o).kind(),
+        "nothing_speakable"
+    );
+
+    let missing = load_document(Path::new("/definitely/not/here.txt"), &o).expect_err("missing");
+    assert_eq!(missing.kind(), "not_found");
+    assert!(missing.to_string().contains("/definitely/not/here.txt"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    assert_eq!(
+        load_document(dir.path(), &o).expect_err("dir").kind(),
+        "unreadable"
+    );
+
+    // The same checks apply to text from stdin.
+    assert_eq!(
+        parse_document("  ", InputFormat::Text, &o)
+            .expect_err("e")
+            .kind(),
+        "empty"
+    );
+    assert_eq!(
+        parse_document("a\0b", InputFormat::Text, &o)
+            .expect_err("b")
+            .kind(),
+        "binary"
+    );
+    assert_eq!(
+        parse_document("x", InputFormat::Epub, &o)
+            .expect_err("epub")
+            .kind(),
+        "unsupported_format"
+    );
+    assert_eq!(
+        parse_document("0123456789ABC", InputFormat::Markdown, &small)
+            .expect_err("big")
+            .kind(),
+        "too_large"
+    );
+}
+
+/// xorshift64*: a tiny deterministic generator, so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % n as u64).unwrap_or(0)
+    }
+}
+
+#[test]
+fn random_input_never_panics() {
+    // Pieces that exercise every rule: headings, markup, numbers, abbreviations,
+    // quotes, dashes, emoji, other scripts, combining marks, control characters.
+    const PIECES: &[&str] = &[
+        "a",
+        "Z",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "\t",
+        ".",
+        "...",
+        "?",
+        "!",
+        "\u{2026}",
+        ",",
+        ";",
+        ":",
+        "-",
+        "--",
+        "\u{2014}",
+        "\u{2013}",
+        "'",
+        "\"",
+        "`",
+        "\u{2018}",
+        "\u{201d}",
+        "(",
+        ")",
+        "[",
+        "*",
+        "_",
+        "#",
+        "## ",
+        "# ",
+        "$",
+        "\u{a3}",
+        "\u{20ac}",
+        "%",
+        "&",
+        "&c.",
+        "1",
+        "42",
+        "3.50",
+        "12:30",
+        "9:05",
+        "pm",
+        "a.m.",
+        "Mr.",
+        "Mrs",
+        "St.",
+        "e.g.",
+        "etc.",
+        "No.",
+        "vs",
+        "CHAPTER IV",
+        "Chapter 12.",
+        "PROLOGUE",
+        "Part One",
+        "I.",
+        "J.",
+        "\u{1f600}",
+        "\u{1f44d}\u{1f3fd}",
+        "\u{200d}",
+        "\u{fe0f}",
+        "\u{6f22}",
+        "\u{0416}",
+        "\u{0301}",
+        "\u{e9}",
+        "\u{0}",
+        "\u{7}",
+        "\u{feff}",
+        "\u{fb01}",
+        "\u{ff21}",
+        "\u{2192}",
+        "```\n",
+        "> ",
+        "- ",
+        "1. ",
+        "[x](y)",
+        "![i](j)",
+        "<b>",
+        "|a|b|\n|-|-|\n",
+        "---\n",
+        "\u{e000}",
+        "\u{10ffff}",
+        "\u{fffd}",
+        "\u{2e3a}",
+    ];
+    // NARRATOR_TEXT_FUZZ_ROUNDS=100000 for a longer local run.
+    let rounds: usize = std::env::var("NARRATOR_TEXT_FUZZ_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for round in 0..rounds {
+        let mut text = String::new();
+        let len = rng.below(120);
+        for _ in 0..len {
+            text.push_str(PIECES[rng.below(PIECES.len())]);
+        }
+        let opts = LoadOptions {
+            max_bytes: 1 << 20,
+            max_sentence_chars: rng.below(60),
+        };
+        for format in [InputFormat::Text, InputFormat::Markdown] {
+            if let Ok(doc) = parse_document(&text, format, &opts) {
+                let cap = opts.max_sentence_chars.max(1);
+                for s in all_sentences(&doc) {
+                    assert!(s.chars().count() <= cap, "round {round}: {s:?} over {cap}");
+                }
+            }
+        }
+    }
+    // Raw random bytes, decoded lossily, and as an "EPUB".
+    for _ in 0..200 {
+        let len = rng.below(600);
+        let bytes: Vec<u8> = (0..len).map(|_| (rng.next() & 0xff) as u8).collect();
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = parse_document(&text, InputFormat::Text, &opts());
+        let _ = parse_document(&text, InputFormat::Markdown, &opts());
+        let _ = parse_epub_bytes(&bytes, &opts());
+    }
+    // Random unicode scalar values.
+    for _ in 0..200 {
+        let len = rng.below(200);
+        let text: String = (0..len)
+            .filter_map(|_| char::from_u32(u32::try_from(rng.next() % 0x11_0000).unwrap_or(0)))
+            .collect();
+        let _ = parse_document(&text, InputFormat::Text, &opts());
+        let _ = parse_document(&text, InputFormat::Markdown, &opts());
+    }
+}
+
+#[test]
+fn document_round_trips_through_json() {
+    let doc =
+        parse_document("CHAPTER I\n\nHello there.", InputFormat::Text, &opts()).expect("parses");
+    let json = serde_json::to_string(&doc).expect("serialize");
+    let back: Document = serde_json::from_str(&json).expect("deserialize");
+    assert_eq!(back, doc);
+}
