@@ -88,3 +88,32 @@ pub trait StateStore: Send + Sync {
         job: &str,
     ) -> impl Future<Output = Result<Vec<SegmentRecord>, SeamError>> + Send;
 }
+
+/// A segment handed to a worker, with what it needs to acknowledge it.
+#[derive(Debug)]
+pub struct Delivery<T> {
+    /// The job it belongs to.
+    pub job_id: String,
+    /// The segment.
+    pub segment: crate::Segment,
+    /// Delivery attempt, from 1.
+    pub attempt: u32,
+    /// Acknowledgement handle.
+    pub ticket: T,
+}
+
+/// Where segments come from. Delivery is at least once: a segment is delivered again
+/// unless it is acknowledged, so workers ack only after its audio is stored and its
+/// figures recorded.
+pub trait SegmentQueue: Send + Sync {
+    /// Handle that acknowledges one delivery.
+    type Ticket: Send + 'static;
+    /// The next segment; `None` once the queue is closed and everything is acknowledged.
+    fn next(
+        &self,
+    ) -> impl Future<Output = Result<Option<Delivery<Self::Ticket>>, SeamError>> + Send;
+    /// The segment is done: never deliver it again.
+    fn ack(&self, ticket: Self::Ticket) -> impl Future<Output = Result<(), SeamError>> + Send;
+    /// The segment was not done: deliver it again (attempt + 1).
+    fn requeue(&self, ticket: Self::Ticket) -> impl Future<Output = Result<(), SeamError>> + Send;
+}

@@ -12,6 +12,7 @@
 pub mod assemble;
 pub mod local;
 pub mod plan;
+pub mod queue;
 pub mod runner;
 pub mod synth;
 
@@ -20,7 +21,8 @@ use std::path::PathBuf;
 pub use assemble::{AssembleOptions, assemble};
 pub use local::{JournalStateStore, LocalAudioStore};
 pub use plan::{AudioIdentity, plan_job};
-pub use runner::{Event, RunOptions, synthesize_job};
+pub use queue::InProcessQueue;
+pub use runner::{Event, RunOptions, synthesize_job, work};
 pub use synth::{Prepared, Synthesizer};
 
 /// What can stop a job.

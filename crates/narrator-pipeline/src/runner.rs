@@ -1,6 +1,8 @@
 //! Drives a job's pending segments through the synthesizer into the stores.
 //!
-//! Tasks: one blocking thread phonemizes ahead (bounded channel, so memory stays flat);
+//! Segments come from a [`SegmentQueue`] (here the in-process one; RabbitMQ in the
+//! distributed mode). Tasks: one task pulls and phonemizes ahead on blocking threads
+//! (bounded channel, so memory stays flat);
 //! the batching loop takes what is ready, up to `max_batch` segments, sorted by length;
 //! up to `in_flight` batches run at once (one more than the engine has sessions, so the
 //! next batch is ready when a session frees up); each batch's audio is stored, then its
@@ -9,11 +11,14 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use narrator_core::{AudioStore, JobPlan, Segment, SegmentRecord, StateStore};
+use narrator_core::{
+    AudioStore, Delivery, JobPlan, Segment, SegmentQueue, SegmentRecord, StateStore,
+};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::PipelineError;
+use crate::queue::InProcessQueue;
 use crate::synth::{Prepared, Synthesizer};
 
 /// What the runner reports as it goes (the CLI draws its progress bar from these).
@@ -73,7 +78,8 @@ pub async fn pending_segments<A: AudioStore, S: StateStore>(
     Ok((pending, finished))
 }
 
-/// Synthesizes every pending segment of `plan`; returns all finished records, in order.
+/// Synthesizes every pending segment of `plan` through an in-process queue; returns all
+/// finished records, in order.
 pub async fn synthesize_job<A, S>(
     plan: &JobPlan,
     synth: Arc<Synthesizer>,
@@ -92,14 +98,57 @@ where
         done: finished.len(),
         done_audio_seconds: finished.iter().map(|r| r.audio_seconds).sum(),
     });
+    let queue = Arc::new(InProcessQueue::new());
+    queue.publish(&plan.job_id, pending)?;
+    queue.close();
+    finished.extend(work(queue, synth, store, state, opts, on_event).await?);
+    finished.sort_by_key(|r| r.index);
+    finished.dedup_by_key(|r| r.index);
+    if finished.len() != plan.segments.len() {
+        return Err(PipelineError::Incomplete {
+            done: finished.len(),
+            total: plan.segments.len(),
+        });
+    }
+    Ok(finished)
+}
 
-    let (tx, mut rx) = mpsc::channel::<Result<Prepared, PipelineError>>(64);
-    let prep_synth = synth.clone();
-    let prep = tokio::task::spawn_blocking(move || {
-        for seg in pending {
-            let item = prep_synth.prepare(seg);
+type Ready<T> = (Prepared, Delivery<T>);
+
+/// The worker loop: pulls segments from `queue` until it ends, phonemizing ahead on
+/// blocking threads, batching what is ready, and acknowledging each segment only after
+/// its audio is stored and its figures recorded. Returns the records it made.
+pub async fn work<Q, A, S>(
+    queue: Arc<Q>,
+    synth: Arc<Synthesizer>,
+    store: Arc<A>,
+    state: Arc<S>,
+    opts: &RunOptions,
+    on_event: Arc<dyn Fn(Event) + Send + Sync>,
+) -> Result<Vec<SegmentRecord>, PipelineError>
+where
+    Q: SegmentQueue + 'static,
+    A: AudioStore + 'static,
+    S: StateStore + 'static,
+{
+    let (tx, mut rx) = mpsc::channel::<Result<Ready<Q::Ticket>, PipelineError>>(64);
+    let (pq, ps) = (queue.clone(), synth.clone());
+    let prep = tokio::spawn(async move {
+        loop {
+            let item = match pq.next().await {
+                Ok(Some(d)) => {
+                    let (s, seg) = (ps.clone(), d.segment.clone());
+                    match tokio::task::spawn_blocking(move || s.prepare(seg)).await {
+                        Ok(Ok(p)) => Ok((p, d)),
+                        Ok(Err(e)) => Err(e),
+                        Err(e) => Err(PipelineError::Task(e.to_string())),
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => Err(e.into()),
+            };
             let stop = item.is_err();
-            if tx.blocking_send(item).is_err() || stop {
+            if tx.send(item).await.is_err() || stop {
                 break;
             }
         }
@@ -108,6 +157,7 @@ where
     let slots = Arc::new(Semaphore::new(opts.in_flight.max(1)));
     let mut tasks: JoinSet<Result<Vec<SegmentRecord>, PipelineError>> = JoinSet::new();
     let max_batch = opts.max_batch.max(1);
+    let mut finished = Vec::new();
     let mut failure = None;
     'outer: while let Some(first) = rx.recv().await {
         let permit = slots
@@ -115,11 +165,11 @@ where
             .acquire_owned()
             .await
             .map_err(|_| PipelineError::Internal("semaphore closed"))?;
-        let mut batch = Vec::with_capacity(max_batch);
+        let mut batch: Vec<Ready<Q::Ticket>> = Vec::with_capacity(max_batch);
         let mut next = Some(first);
         while let Some(item) = next.take() {
             match item {
-                Ok(p) => batch.push(p),
+                Ok(r) => batch.push(r),
                 Err(e) => {
                     failure = Some(e);
                     break 'outer;
@@ -129,8 +179,8 @@ where
                 next = rx.try_recv().ok();
             }
         }
-        batch.sort_by_key(Prepared::max_len);
-        for p in &batch {
+        batch.sort_by_key(|(p, _)| p.max_len());
+        for (p, _) in &batch {
             if !p.unknown.is_empty() {
                 on_event(Event::Warning(format!(
                     "segment {}: skipped phonemes the voice has no id for: {}",
@@ -139,21 +189,30 @@ where
                 )));
             }
         }
-        let (synth, store, state, on_event) = (
+        let (synth, store, state, queue, on_event) = (
             synth.clone(),
             store.clone(),
             state.clone(),
+            queue.clone(),
             on_event.clone(),
         );
         let worker = opts.worker.clone();
-        let job = plan.job_id.clone();
         tasks.spawn(async move {
             let _permit = permit;
-            let done = synth.synthesize(batch).await?;
+            let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let done = match synth.synthesize(prepared).await {
+                Ok(d) => d,
+                Err(e) => {
+                    for d in deliveries {
+                        let _ = queue.requeue(d.ticket).await;
+                    }
+                    return Err(e);
+                }
+            };
             let mut records = Vec::with_capacity(done.len());
-            for s in done {
+            for (s, d) in done.into_iter().zip(deliveries) {
                 let index = s.prepared.segment.index;
-                store.put_segment(&job, index, &s.audio).await?;
+                store.put_segment(&d.job_id, index, &s.audio).await?;
                 let record = SegmentRecord {
                     index,
                     samples: s.audio.samples.len() as u64,
@@ -162,11 +221,12 @@ where
                     inference_seconds: s.inference_seconds,
                     queue_wait_seconds: s.queue_wait_seconds,
                     batch_size: s.batch_size,
-                    attempts: 1,
+                    attempts: d.attempt,
                     worker: worker.clone(),
                     phoneme_ids: s.prepared.total_ids() as u32,
                 };
-                state.record_segment(&job, &record).await?;
+                state.record_segment(&d.job_id, &record).await?;
+                queue.ack(d.ticket).await?;
                 on_event(Event::SegmentDone {
                     record: record.clone(),
                 });
@@ -197,17 +257,9 @@ where
             Err(e) => failure = failure.or(Some(PipelineError::Task(e.to_string()))),
         }
     }
-    let _ = prep.await;
-    if let Some(e) = failure {
-        return Err(e);
+    prep.abort();
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(finished),
     }
-    finished.sort_by_key(|r| r.index);
-    finished.dedup_by_key(|r| r.index);
-    if finished.len() != plan.segments.len() {
-        return Err(PipelineError::Incomplete {
-            done: finished.len(),
-            total: plan.segments.len(),
-        });
-    }
-    Ok(finished)
 }
