@@ -1,0 +1,33 @@
+//! # narrator-audio
+//!
+//! Everything between "float samples from the model" and "bytes in a file":
+//!
+//! ```text
+//! f32 from VITS ──peak_normalize_to_i16──▶ i16 segment ──encode_wav_file──▶ segment.wav
+//!                                                                              │
+//!            read_wav_i16 ◀────────────────────────────────────────────────────┘
+//!                 │  + Pauses::samples (silence between sentences/paragraphs/chapters)
+//!                 ▼
+//!   create_encoder(EncoderSpec) ─▶ Box<dyn AudioSink>: write(chunk)… finish()
+//!                                    ├─ WAV  16-bit mono, input rate (hound)
+//!                                    ├─ Opus 48 kHz (rubato FFT) → libopus → Ogg, chapter tags
+//!                                    └─ MP3  LAME 64 kbit/s mono, Info tag, ID3v2 CHAP/CTOC
+//! ```
+//!
+//! Everything is synchronous and streaming: a sink holds at most one chunk plus codec
+//! state, so an hours-long book never sits in memory. Run it on a blocking thread.
+
+mod error;
+mod format;
+mod mp3;
+mod ogg_opus;
+mod pcm;
+mod resample;
+mod sink;
+mod wav;
+
+pub use error::AudioError;
+pub use format::AudioFormat;
+pub use pcm::{PauseKind, Pauses, peak_normalize_to_i16};
+pub use sink::{AudioSink, ChapterMark, EncodedInfo, EncoderSpec, create_encoder};
+pub use wav::{encode_wav_file, read_wav_i16};
