@@ -6,6 +6,7 @@
 //! - [`piper`]: the VITS backend; padded batches in, exactly trimmed waveforms out.
 //! - [`pool`]: engine threads (one session each) behind an async handle.
 
+pub mod null;
 pub mod piper;
 pub mod pool;
 pub mod runtime;
@@ -14,10 +15,22 @@ pub mod voice;
 
 use std::path::PathBuf;
 
+pub use null::NullBackend;
 pub use piper::{PiperEngine, SessionOptions};
 pub use pool::{EnginePool, PoolOptions};
 pub use runtime::{Runtime, load_runtime};
 pub use voice::{Scales, Voice, VoiceConfig, list_voices};
+
+/// A synthesis backend: synchronous, owned by one engine thread.
+pub trait Backend: Send {
+    /// Synthesizes a batch of phoneme-id sequences; one waveform per item, each trimmed
+    /// to its own length.
+    fn synthesize(&mut self, items: &[&[i64]], scales: Scales) -> Result<BatchOutput, EngineError>;
+    /// Whether several items can run in one batch and still be trimmed exactly.
+    fn supports_batching(&self) -> bool;
+    /// Where it runs.
+    fn device(&self) -> Device;
+}
 
 /// Where inference runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -13,7 +13,7 @@ use ort::session::{Session, builder::GraphOptimizationLevel};
 use ort::value::Tensor;
 
 use crate::splice::{self, Dim};
-use crate::{BatchOutput, Device, EngineError, Scales, runtime::Runtime};
+use crate::{Backend, BatchOutput, Device, EngineError, Scales, runtime::Runtime};
 
 /// The internal tensor holding frames per phoneme in Piper's VITS export.
 pub const FRAMES_TENSOR: &str = "/Ceil_output_0";
@@ -119,24 +119,18 @@ impl PiperEngine {
             device,
         })
     }
+}
 
-    /// The device this session runs on.
-    pub fn device(&self) -> Device {
+impl Backend for PiperEngine {
+    fn device(&self) -> Device {
         self.device
     }
 
-    /// Whether padded batches can be trimmed exactly (otherwise batches must hold one item).
-    pub fn supports_batching(&self) -> bool {
+    fn supports_batching(&self) -> bool {
         self.has_frames
     }
 
-    /// Synthesizes a batch of phoneme-id sequences; returns one float waveform per item,
-    /// each trimmed to its own length.
-    pub fn synthesize(
-        &mut self,
-        items: &[&[i64]],
-        scales: Scales,
-    ) -> Result<BatchOutput, EngineError> {
+    fn synthesize(&mut self, items: &[&[i64]], scales: Scales) -> Result<BatchOutput, EngineError> {
         if items.is_empty() {
             return Ok(BatchOutput {
                 audio: Vec::new(),

@@ -11,6 +11,9 @@ use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
 
+use std::sync::Arc;
+
+use crate::Backend;
 use crate::piper::{PiperEngine, SessionOptions};
 use crate::{BatchOutput, Device, EngineError, Scales, runtime::Runtime};
 
@@ -48,37 +51,47 @@ impl std::fmt::Debug for EnginePool {
 }
 
 impl EnginePool {
-    /// Starts the threads and loads one session on each; returns once all are ready or the
-    /// first one failed.
+    /// Starts the threads and loads one Piper session on each; returns once all are
+    /// ready or the first one failed.
     pub fn start(
         rt: &'static Runtime,
         model: PathBuf,
         opts: PoolOptions,
     ) -> Result<Self, EngineError> {
-        let bytes =
-            std::sync::Arc::new(std::fs::read(&model).map_err(|source| EngineError::Io {
-                path: model.clone(),
-                source,
-            })?);
-        let (tx, rx) = crossbeam_channel::bounded::<Job>(opts.sessions.max(1) * 2);
+        let bytes = Arc::new(std::fs::read(&model).map_err(|source| EngineError::Io {
+            path: model.clone(),
+            source,
+        })?);
+        let sopts = opts.session.clone();
+        Self::start_with(opts.sessions, move |_| {
+            Ok(Box::new(PiperEngine::from_bytes(rt, bytes.to_vec(), &sopts)?) as Box<dyn Backend>)
+        })
+    }
+
+    /// Starts `sessions` threads, each running the backend `make(i)` builds on it.
+    pub fn start_with<F>(sessions: usize, make: F) -> Result<Self, EngineError>
+    where
+        F: Fn(usize) -> Result<Box<dyn Backend>, EngineError> + Send + Sync + 'static,
+    {
+        let make = Arc::new(make);
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(sessions.max(1) * 2);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let mut threads = Vec::new();
-        for i in 0..opts.sessions.max(1) {
+        for i in 0..sessions.max(1) {
             let rx = rx.clone();
             let ready = ready_tx.clone();
-            let bytes = bytes.clone();
-            let sopts = opts.session.clone();
+            let make = make.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("narrator-engine-{i}"))
                 .spawn(move || {
-                    let mut engine = match PiperEngine::from_bytes(rt, bytes.to_vec(), &sopts) {
+                    let mut engine = match make(i) {
                         Ok(e) => e,
                         Err(e) => {
                             let _ = ready.send(Err(e));
                             return;
                         }
                     };
-                    drop(bytes);
+                    drop(make);
                     let _ = ready.send(Ok((engine.device(), engine.supports_batching())));
                     drop(ready);
                     while let Ok(job) = rx.recv() {
@@ -89,7 +102,7 @@ impl EnginePool {
                     }
                 })
                 .map_err(|source| EngineError::Io {
-                    path: model.clone(),
+                    path: PathBuf::from("<engine thread>"),
                     source,
                 })?;
             threads.push(handle);

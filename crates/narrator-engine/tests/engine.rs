@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use narrator_engine::{Device, PiperEngine, Scales, SessionOptions, Voice, load_runtime};
+use narrator_engine::{Backend, Device, PiperEngine, Scales, SessionOptions, Voice, load_runtime};
 
 fn deps() -> PathBuf {
     let d = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.deps"));

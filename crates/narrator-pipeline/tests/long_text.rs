@@ -1,0 +1,205 @@
+//! The whole pipeline over a whole book (../shared/corpus/alice29.txt, 12 chapters) with
+//! the real text and phoneme stages and the null backend in place of the model, so a
+//! 2.5-hour book runs in seconds: queue, stores, journal, batching and assembly at scale.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use narrator_audio::{AudioFormat, Pauses};
+use narrator_core::StateStore;
+use narrator_engine::{
+    Backend, BatchOutput, Device, EngineError, EnginePool, NullBackend, Scales, Voice,
+};
+use narrator_phonemes::Phonemizer;
+use narrator_pipeline::{
+    AssembleOptions, AudioIdentity, Event, JournalStateStore, LocalAudioStore, RunOptions,
+    Synthesizer, assemble, plan_job, synthesize_job,
+};
+
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+fn deps() -> PathBuf {
+    let d = Path::new(ROOT).join(".deps");
+    assert!(d.join("voices").is_dir(), "run `bash ops/setup.sh` first");
+    d
+}
+
+fn synthesizer(pool: EnginePool) -> Synthesizer {
+    let d = deps();
+    let voice = Voice::find(&d.join("voices"), "en_US-joe-medium").expect("voice");
+    let ph = Phonemizer::new(&d).expect("espeak");
+    Synthesizer::new(&voice, ph, pool, Scales::DETERMINISTIC).expect("synth")
+}
+
+fn alice() -> narrator_text::Document {
+    let path = Path::new(ROOT).join("../shared/corpus/alice29.txt");
+    assert!(
+        path.is_file(),
+        "the corpus is expected at {}",
+        path.display()
+    );
+    narrator_text::load_document(&path, &Default::default()).expect("alice")
+}
+
+fn quiet() -> Arc<dyn Fn(Event) + Send + Sync> {
+    Arc::new(|_| {})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
+    let doc = alice();
+    let id = AudioIdentity {
+        voice: "null",
+        voice_digest: "0",
+        scales: Scales::DETERMINISTIC,
+    };
+    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    assert_eq!(plan.chapters.len(), 12);
+    assert!(
+        plan.segments.len() > 1000,
+        "{} segments",
+        plan.segments.len()
+    );
+
+    let pool = EnginePool::start_with(2, |_| {
+        Ok(Box::new(NullBackend::default()) as Box<dyn Backend>)
+    })
+    .expect("pool");
+    let synth = Arc::new(synthesizer(pool));
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = Arc::new(
+        LocalAudioStore::new(dir.path().join("seg"), dir.path().to_path_buf()).expect("store"),
+    );
+    let state =
+        Arc::new(JournalStateStore::open(dir.path().join("journal.jsonl")).expect("journal"));
+    let opts = RunOptions {
+        worker: "test".into(),
+        max_batch: 8,
+        in_flight: 3,
+    };
+    let records = synthesize_job(&plan, synth, store.clone(), state, &opts, quiet())
+        .await
+        .expect("synthesize");
+    assert_eq!(records.len(), plan.segments.len());
+    assert!(
+        records.iter().any(|r| r.batch_size > 1),
+        "segments were batched"
+    );
+    assert!(
+        records
+            .iter()
+            .all(|r| r.phoneme_ids <= 2 * 400 + 3 || r.samples > 0)
+    );
+
+    let aopts = AssembleOptions {
+        format: AudioFormat::Wav,
+        pauses: Pauses::default(),
+        staging: dir.path().join("staging"),
+    };
+    let m = assemble(&plan, &records, &*store, &aopts, 1.0)
+        .await
+        .expect("assemble");
+    assert_eq!(m.chapters.len(), 12);
+    for c in &m.chapters {
+        let f = dir.path().join(&c.file);
+        assert!(
+            std::fs::metadata(&f).expect("chapter file").len() > 1000,
+            "{}",
+            c.file
+        );
+    }
+    let idx: Vec<u32> = m.segments.iter().map(|s| s.index).collect();
+    assert_eq!(idx, (0..plan.segments.len() as u32).collect::<Vec<_>>());
+    let starts: Vec<f64> = m.chapters.iter().map(|c| c.start_seconds).collect();
+    assert!(starts.windows(2).all(|w| w[0] < w[1]), "chapters in order");
+    let last = m.chapters.last().expect("last");
+    assert!((last.start_seconds + last.seconds - m.book.seconds).abs() < 1e-6);
+    assert!(
+        m.book.seconds > 3600.0,
+        "a whole book at the null voice's pace: {}",
+        m.book.seconds
+    );
+    assert!(dir.path().join("manifest.json").is_file());
+}
+
+/// Fails every batch holding an utterance of exactly `len` ids.
+struct FailOn {
+    len: usize,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Backend for FailOn {
+    fn synthesize(&mut self, items: &[&[i64]], scales: Scales) -> Result<BatchOutput, EngineError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if items.iter().any(|i| i.len() == self.len) {
+            return Err(EngineError::Stopped);
+        }
+        NullBackend::default().synthesize(items, scales)
+    }
+    fn supports_batching(&self) -> bool {
+        true
+    }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_failure_stops_the_job_and_keeps_finished_segments() {
+    let mut doc = alice();
+    doc.chapters.truncate(1);
+    let id = AudioIdentity {
+        voice: "null",
+        voice_digest: "0",
+        scales: Scales::DETERMINISTIC,
+    };
+    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let calls = Arc::new(AtomicUsize::new(0));
+    // Find the id length of segment 10's first utterance, and fail on it.
+    let probe = synthesizer(
+        EnginePool::start_with(1, |_| {
+            Ok(Box::new(NullBackend::default()) as Box<dyn Backend>)
+        })
+        .expect("pool"),
+    );
+    let len = probe
+        .prepare(plan.segments[10].clone())
+        .expect("prep")
+        .utterances[0]
+        .len();
+    let c = calls.clone();
+    let pool = EnginePool::start_with(1, move |_| {
+        Ok(Box::new(FailOn {
+            len,
+            calls: c.clone(),
+        }) as Box<dyn Backend>)
+    })
+    .expect("pool");
+    let synth = Arc::new(synthesizer(pool));
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = Arc::new(
+        LocalAudioStore::new(dir.path().join("seg"), dir.path().to_path_buf()).expect("store"),
+    );
+    let state =
+        Arc::new(JournalStateStore::open(dir.path().join("journal.jsonl")).expect("journal"));
+    let opts = RunOptions {
+        worker: "test".into(),
+        max_batch: 1,
+        in_flight: 1,
+    };
+    let err = synthesize_job(&plan, synth, store, state.clone(), &opts, quiet())
+        .await
+        .expect_err("must fail");
+    assert_eq!(err.kind(), "engine_stopped", "{err}");
+    let done = state
+        .finished_segments(&plan.job_id)
+        .await
+        .expect("journal");
+    assert!(
+        done.len() >= 10,
+        "segments before the failure are kept for resume: {}",
+        done.len()
+    );
+    assert!(done.iter().all(|r| r.index != 10));
+}
