@@ -171,10 +171,10 @@ pub fn list_voices(dir: &Path) -> Result<Vec<Voice>, EngineError> {
     let mut voices = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.extension().is_some_and(|e| e == "onnx") {
-            if let Ok(v) = Voice::load(&path) {
-                voices.push(v);
-            }
+        if path.extension().is_some_and(|e| e == "onnx")
+            && let Ok(v) = Voice::load(&path)
+        {
+            voices.push(v);
         }
     }
     voices.sort_by(|a, b| a.name.cmp(&b.name));

@@ -88,19 +88,33 @@ struct Outcome {
     resumed: usize,
 }
 
-/// Synthesizes and assembles `doc` into `out`, resuming from `out/.narrator`.
+/// One audiobook to make.
+struct Request<'a> {
+    doc: &'a Document,
+    source: &'a str,
+    fallback_title: &'a str,
+    out: &'a Path,
+    format: AudioFormat,
+    show_progress: bool,
+    keep_work: bool,
+}
+
+/// Synthesizes and assembles `req.doc` into `req.out`, resuming from `out/.narrator`.
 async fn produce(
     paths: &Paths,
     eargs: &EngineArgs,
     targs: &TextArgs,
-    doc: &Document,
-    source: &str,
-    fallback_title: &str,
-    out: &Path,
-    format: AudioFormat,
-    show_progress: bool,
-    keep_work: bool,
+    req: Request<'_>,
 ) -> anyhow::Result<Outcome> {
+    let Request {
+        doc,
+        source,
+        fallback_title,
+        out,
+        format,
+        show_progress,
+        keep_work,
+    } = req;
     let voice = engine::find_voice(paths, eargs)?;
     let d = voice.config.scales;
     let scales = narrator_engine::Scales {
@@ -132,17 +146,16 @@ async fn produce(
     // A manifest from an earlier job must not be mistaken for this one's, and a complete
     // one of this job must not survive a rebuild half-done.
     if let Ok(bytes) = std::fs::read(&manifest_path) {
-        if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) {
-            if m.job_id == plan.job_id && m.format == format.extension() {
-                let all_there = out.join(&m.book.file).is_file()
-                    && m.chapters.iter().all(|c| out.join(&c.file).is_file());
-                if all_there {
-                    return Ok(Outcome {
-                        resumed: plan.segments.len(),
-                        manifest: m,
-                    });
-                }
-            }
+        if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
+            && m.job_id == plan.job_id
+            && m.format == format.extension()
+            && out.join(&m.book.file).is_file()
+            && m.chapters.iter().all(|c| out.join(&c.file).is_file())
+        {
+            return Ok(Outcome {
+                resumed: plan.segments.len(),
+                manifest: m,
+            });
         }
         // The outputs it lists belong to another job or format: remove them with it.
         if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) {
@@ -263,19 +276,16 @@ pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     }
     let source = args.book.display().to_string();
     let show = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let outcome = produce(
-        paths,
-        &args.engine,
-        &args.text,
-        &doc,
-        &source,
-        &file_stem(&args.book),
-        &args.out,
+    let req = Request {
+        doc: &doc,
+        source: &source,
+        fallback_title: &file_stem(&args.book),
+        out: &args.out,
         format,
-        show,
-        args.keep_work,
-    )
-    .await?;
+        show_progress: show,
+        keep_work: args.keep_work,
+    };
+    let outcome = produce(paths, &args.engine, &args.text, req).await?;
     print_summary(&outcome, &args.out, args.json)
 }
 
@@ -369,19 +379,16 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         .prefix(".narrator-synth-")
         .tempdir_in(&parent)
         .with_context(|| format!("creating a work folder in {}", parent.display()))?;
-    let outcome = produce(
-        paths,
-        &args.engine,
-        &args.text,
-        &doc,
-        &source,
-        "speech",
-        work.path(),
+    let req = Request {
+        doc: &doc,
+        source: &source,
+        fallback_title: "speech",
+        out: work.path(),
         format,
-        false,
-        false,
-    )
-    .await?;
+        show_progress: false,
+        keep_work: false,
+    };
+    let outcome = produce(paths, &args.engine, &args.text, req).await?;
     let book = work.path().join(&outcome.manifest.book.file);
     std::fs::rename(&book, &args.output)
         .with_context(|| format!("writing {}", args.output.display()))?;

@@ -9,9 +9,13 @@ const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
 fn narrator() -> Command {
     let deps = Path::new(ROOT).join(".deps");
-    assert!(deps.join("voices").is_dir(), "voices missing: run `bash ops/setup.sh` first");
+    assert!(
+        deps.join("voices").is_dir(),
+        "voices missing: run `bash ops/setup.sh` first"
+    );
     let mut c = Command::new(env!("CARGO_BIN_EXE_narrator"));
-    c.env("NARRATOR_DATA_DIR", deps).env_remove("NARRATOR_VOICE");
+    c.env("NARRATOR_DATA_DIR", deps)
+        .env_remove("NARRATOR_VOICE");
     c
 }
 
@@ -33,9 +37,16 @@ fn run_ok(args: &[&str]) -> Output {
 fn run_err(args: &[&str]) -> String {
     let out = narrator().args(args).output().expect("spawn narrator");
     let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "narrator {args:?} should fail; stderr: {err}");
+    assert!(
+        !out.status.success(),
+        "narrator {args:?} should fail; stderr: {err}"
+    );
     assert!(!err.contains("panicked"), "panic: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line expected, got: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected, got: {err}"
+    );
     assert!(err.starts_with("error: "), "{err}");
     err
 }
@@ -64,7 +75,15 @@ const DET: [&str; 4] = ["--noise-scale", "0", "--noise-w", "0"];
 fn run_makes_an_audiobook_folder_with_a_complete_manifest() {
     let dir = tempfile::tempdir().expect("tmp");
     let out = dir.path().join("book");
-    let o = run_ok(&["run", sample().to_str().expect("utf8"), "--out", out.to_str().expect("utf8"), "--format", "wav", "--json"]);
+    let o = run_ok(&[
+        "run",
+        sample().to_str().expect("utf8"),
+        "--out",
+        out.to_str().expect("utf8"),
+        "--format",
+        "wav",
+        "--json",
+    ]);
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
     let m = manifest(&out);
     assert_eq!(summary["job_id"], m["job_id"]);
@@ -75,25 +94,49 @@ fn run_makes_an_audiobook_folder_with_a_complete_manifest() {
     let book = out.join(m["book"]["file"].as_str().expect("file"));
     let book_secs = wav_seconds(&book);
     assert!((book_secs - m["book"]["seconds"].as_f64().expect("secs")).abs() < 0.01);
-    assert!(book_secs > 30.0, "the sample is about a minute of speech, got {book_secs}");
+    assert!(
+        book_secs > 30.0,
+        "the sample is about a minute of speech, got {book_secs}"
+    );
     let mut sum = 0.0;
     for c in chapters {
         let f = out.join(c["file"].as_str().expect("file"));
         let s = wav_seconds(&f);
-        assert!((s - c["seconds"].as_f64().expect("secs")).abs() < 0.01, "{c}");
+        assert!(
+            (s - c["seconds"].as_f64().expect("secs")).abs() < 0.01,
+            "{c}"
+        );
         sum += s;
     }
     // Chapters plus the chapter pause between them make the book.
-    assert!((book_secs - sum - 1.5).abs() < 0.01, "book {book_secs} vs chapters {sum}");
-    assert!((chapters[1]["start_seconds"].as_f64().expect("start") - (chapters[0]["seconds"].as_f64().expect("s") + 1.5)).abs() < 0.01);
+    assert!(
+        (book_secs - sum - 1.5).abs() < 0.01,
+        "book {book_secs} vs chapters {sum}"
+    );
+    assert!(
+        (chapters[1]["start_seconds"].as_f64().expect("start")
+            - (chapters[0]["seconds"].as_f64().expect("s") + 1.5))
+            .abs()
+            < 0.01
+    );
     let segs = m["segments"].as_array().expect("segments");
-    let idx: Vec<u64> = segs.iter().map(|s| s["index"].as_u64().expect("index")).collect();
-    assert_eq!(idx, (0..segs.len() as u64).collect::<Vec<_>>(), "every segment once, in order");
+    let idx: Vec<u64> = segs
+        .iter()
+        .map(|s| s["index"].as_u64().expect("index"))
+        .collect();
+    assert_eq!(
+        idx,
+        (0..segs.len() as u64).collect::<Vec<_>>(),
+        "every segment once, in order"
+    );
     for key in ["voice", "audio_seconds", "wall_seconds", "rtf"] {
         assert!(!m[key].is_null(), "manifest lacks {key}");
     }
     assert!(m["rtf"].as_f64().expect("rtf") > 0.0);
-    assert!(!out.join(".narrator").exists(), "work folder is removed after success");
+    assert!(
+        !out.join(".narrator").exists(),
+        "work folder is removed after success"
+    );
 }
 
 #[test]
@@ -103,7 +146,9 @@ fn killed_run_resumes_and_matches_an_uninterrupted_run() {
     // Enough sentences that the kill lands mid-job.
     let mut body = String::from("CHAPTER I. Start\n\n");
     for i in 0..30 {
-        body.push_str(&format!("This is sentence number {i}, and it is spoken with care. "));
+        body.push_str(&format!(
+            "This is sentence number {i}, and it is spoken with care. "
+        ));
         if i % 5 == 4 {
             body.push_str("\n\n");
         }
@@ -113,35 +158,65 @@ fn killed_run_resumes_and_matches_an_uninterrupted_run() {
     let t = text.to_str().expect("utf8");
 
     let whole = dir.path().join("whole");
-    let mut args = vec!["run", t, "--out", whole.to_str().expect("utf8"), "--format", "wav"];
+    let mut args = vec![
+        "run",
+        t,
+        "--out",
+        whole.to_str().expect("utf8"),
+        "--format",
+        "wav",
+    ];
     args.extend(DET);
     run_ok(&args);
 
     let resumed = dir.path().join("resumed");
-    let mut args = vec!["run", t, "--out", resumed.to_str().expect("utf8"), "--format", "wav"];
+    let mut args = vec![
+        "run",
+        t,
+        "--out",
+        resumed.to_str().expect("utf8"),
+        "--format",
+        "wav",
+    ];
     args.extend(DET);
-    let mut child = narrator().args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn");
+    let mut child = narrator()
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
     let journal = resumed.join(".narrator/journal.jsonl");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let lines = std::fs::read_to_string(&journal).map(|s| s.lines().count()).unwrap_or(0);
+        let lines = std::fs::read_to_string(&journal)
+            .map(|s| s.lines().count())
+            .unwrap_or(0);
         if lines >= 5 {
             break;
         }
         assert!(Instant::now() < deadline, "no progress within 120 s");
-        assert!(child.try_wait().expect("wait").is_none(), "finished before it could be killed");
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "finished before it could be killed"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
-    assert!(!resumed.join("manifest.json").exists(), "no manifest from a killed run");
+    assert!(
+        !resumed.join("manifest.json").exists(),
+        "no manifest from a killed run"
+    );
 
     let mut args2 = args.clone();
     args2.push("--json");
     let o = run_ok(&args2);
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let n = summary["resumed_segments"].as_u64().expect("resumed");
-    assert!(n >= 5, "finished segments must not be made again (resumed {n})");
+    assert!(
+        n >= 5,
+        "finished segments must not be made again (resumed {n})"
+    );
 
     let (a, b) = (manifest(&whole), manifest(&resumed));
     assert_eq!(a["chapters"], b["chapters"]);
@@ -149,7 +224,8 @@ fn killed_run_resumes_and_matches_an_uninterrupted_run() {
     assert_eq!(a["book"], b["book"]);
     let file = a["book"]["file"].as_str().expect("file");
     assert!(
-        std::fs::read(whole.join(file)).expect("a") == std::fs::read(resumed.join(file)).expect("b"),
+        std::fs::read(whole.join(file)).expect("a")
+            == std::fs::read(resumed.join(file)).expect("b"),
         "deterministic synthesis: the resumed book must equal the uninterrupted one byte for byte"
     );
 }
@@ -167,11 +243,17 @@ fn opus_and_mp3_reuse_kept_segments() {
     let bytes = std::fs::read(&book).expect("opus");
     assert_eq!(&bytes[..4], b"OggS");
     assert!(bytes.windows(8).any(|w| w == b"OpusHead"));
-    assert!(bytes.windows(11).any(|w| w == b"CHAPTER002="), "chapter marks in the book file");
+    assert!(
+        bytes.windows(11).any(|w| w == b"CHAPTER002="),
+        "chapter marks in the book file"
+    );
 
     let r = run_ok(&["run", s, "--out", o, "--format", "mp3", "--json"]);
     let summary: serde_json::Value = serde_json::from_slice(&r.stdout).expect("json");
-    assert_eq!(summary["resumed_segments"], summary["segments"], "segments were reused, not synthesized again");
+    assert_eq!(
+        summary["resumed_segments"], summary["segments"],
+        "segments were reused, not synthesized again"
+    );
     let m = manifest(&out);
     assert_eq!(m["format"], "mp3");
     let mp3 = std::fs::read(out.join(m["book"]["file"].as_str().expect("file"))).expect("mp3");
@@ -190,15 +272,29 @@ fn synth_reads_stdin_and_voices_lists_the_default() {
         .spawn()
         .expect("spawn");
     use std::io::Write;
-    child.stdin.take().expect("stdin").write_all(b"Hello there. How are you today?").expect("write");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"Hello there. How are you today?")
+        .expect("write");
     let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let secs = wav_seconds(&wav);
     assert!(secs > 1.0 && secs < 10.0, "{secs}");
 
     let v = run_ok(&["voices", "--json"]);
     let list: serde_json::Value = serde_json::from_slice(&v.stdout).expect("json");
-    let joe = list.as_array().expect("array").iter().find(|v| v["name"] == "en_US-joe-medium").expect("joe");
+    let joe = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|v| v["name"] == "en_US-joe-medium")
+        .expect("joe");
     assert_eq!(joe["sample_rate"], 22050);
     assert_eq!(joe["language"], "en_US");
     assert_eq!(joe["quality"], "medium");
@@ -217,24 +313,53 @@ fn bad_inputs_get_one_clear_line() {
 
     let e = run_err(&["run", &p("empty.txt", b""), "--out", &o]);
     assert!(e.contains("empty"), "{e}");
-    let e = run_err(&["run", &p("bin.txt", &[0u8, 1, 2, 3, 0, 0, 0xff, 0x10, 0, 7]), "--out", &o]);
+    let e = run_err(&[
+        "run",
+        &p("bin.txt", &[0u8, 1, 2, 3, 0, 0, 0xff, 0x10, 0, 7]),
+        "--out",
+        &o,
+    ]);
     assert!(e.contains("binary"), "{e}");
-    let e = run_err(&["run", &p("latin1.txt", b"caf\xe9 au lait. Tr\xe8s bien."), "--out", &o]);
+    let e = run_err(&[
+        "run",
+        &p("latin1.txt", b"caf\xe9 au lait. Tr\xe8s bien."),
+        "--out",
+        &o,
+    ]);
     assert!(e.contains("UTF-8"), "{e}");
     let e = run_err(&["run", &p("book.pdf", b"%PDF-1.4"), "--out", &o]);
     assert!(e.contains(".txt"), "should list supported extensions: {e}");
     let big = "All work and no play makes a dull day. ".repeat(50 * 1024 * 1024 / 39 + 1);
     let e = run_err(&["run", &p("big.txt", big.as_bytes()), "--out", &o]);
     assert!(e.contains("--max-input-mb"), "{e}");
-    let e = run_err(&["run", &sample().to_string_lossy(), "--out", &o, "--voice", "xx_XX-nobody-low"]);
+    let e = run_err(&[
+        "run",
+        &sample().to_string_lossy(),
+        "--out",
+        &o,
+        "--voice",
+        "xx_XX-nobody-low",
+    ]);
     assert!(e.contains("narrator voices"), "{e}");
     let e = run_err(&["run", "/nonexistent/book.txt", "--out", &o]);
     assert!(e.contains("/nonexistent/book.txt"), "{e}");
-    let e = run_err(&["run", &sample().to_string_lossy(), "--out", &o, "--format", "flac"]);
+    let e = run_err(&[
+        "run",
+        &sample().to_string_lossy(),
+        "--out",
+        &o,
+        "--format",
+        "flac",
+    ]);
     assert!(e.contains("opus"), "{e}");
     // A file where the output folder should be: unwritable even for root.
     let blocker = p("blocker", b"x");
-    let e = run_err(&["run", &sample().to_string_lossy(), "--out", &format!("{blocker}/sub")]);
+    let e = run_err(&[
+        "run",
+        &sample().to_string_lossy(),
+        "--out",
+        &format!("{blocker}/sub"),
+    ]);
     assert!(e.contains("--out"), "{e}");
     assert!(!out.join("manifest.json").exists());
 }
@@ -246,11 +371,21 @@ fn unspeakable_characters_are_skipped_with_a_warning() {
     std::fs::write(&f, "The cat sat on the mat. 🐈🐈 漢字かな Then it slept.\n").expect("write");
     let out = dir.path().join("o");
     let o = narrator()
-        .args(["run", f.to_str().expect("utf8"), "--out", out.to_str().expect("utf8"), "--format", "wav"])
+        .args([
+            "run",
+            f.to_str().expect("utf8"),
+            "--out",
+            out.to_str().expect("utf8"),
+            "--format",
+            "wav",
+        ])
         .output()
         .expect("spawn");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("warning"), "a warning names what was skipped: {err}");
+    assert!(
+        err.contains("warning"),
+        "a warning names what was skipped: {err}"
+    );
     assert!(manifest(&out)["audio_seconds"].as_f64().expect("secs") > 1.0);
 }
