@@ -389,3 +389,61 @@ fn unspeakable_characters_are_skipped_with_a_warning() {
     );
     assert!(manifest(&out)["audio_seconds"].as_f64().expect("secs") > 1.0);
 }
+
+#[test]
+fn ctrl_c_stops_cleanly_and_says_how_to_resume() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("o");
+    let mut child = narrator()
+        .args([
+            "run",
+            sample().to_str().expect("utf8"),
+            "--out",
+            out.to_str().expect("utf8"),
+            "--format",
+            "wav",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let journal = out.join(".narrator/journal.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_to_string(&journal)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no progress within 120 s");
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "finished before it could be interrupted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let o = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("run the same command again"), "{err}");
+    assert!(
+        !out.join("manifest.json").exists(),
+        "an interrupted run presents no manifest"
+    );
+    let r = run_ok(&[
+        "run",
+        sample().to_str().expect("utf8"),
+        "--out",
+        out.to_str().expect("utf8"),
+        "--format",
+        "wav",
+        "--json",
+    ]);
+    let summary: serde_json::Value = serde_json::from_slice(&r.stdout).expect("json");
+    assert!(summary["resumed_segments"].as_u64().expect("n") >= 2);
+    assert!(out.join("manifest.json").is_file());
+}
