@@ -160,10 +160,10 @@ impl VowelClusters {
 /// The espeak-ng voice a Piper voice config asks for (`espeak.voice`, e.g. `en-us`);
 /// an error for voices whose `phoneme_type` is not `espeak`.
 pub fn espeak_voice_of(json: &Value) -> Result<&str, PhonemeError> {
-    if let Some(kind) = json.get("phoneme_type").and_then(Value::as_str) {
-        if kind != "espeak" {
-            return Err(VoiceConfigProblem::UnsupportedPhonemeType(kind.to_owned()).into());
-        }
+    if let Some(kind) = json.get("phoneme_type").and_then(Value::as_str)
+        && kind != "espeak"
+    {
+        return Err(VoiceConfigProblem::UnsupportedPhonemeType(kind.to_owned()).into());
     }
     json.get("espeak")
         .and_then(|espeak| espeak.get("voice"))

@@ -124,12 +124,11 @@ pub(crate) fn phonemize(
             }
             Part::Text(plain) => {
                 let mut part_sentences = phonemize_espeak(espeak, voice, plain)?.into_iter();
-                if prev_raw {
-                    if let (Some(first), Some(current)) =
+                if prev_raw
+                    && let (Some(first), Some(current)) =
                         (part_sentences.next(), sentences.last_mut())
-                    {
-                        current.extend(first);
-                    }
+                {
+                    current.extend(first);
                 }
                 sentences.extend(part_sentences);
                 prev_raw = false;

@@ -22,7 +22,7 @@ pub use assemble::{AssembleOptions, assemble};
 pub use local::{JournalStateStore, LocalAudioStore};
 pub use plan::{AudioIdentity, plan_job};
 pub use queue::InProcessQueue;
-pub use runner::{Event, RunOptions, synthesize_job, work};
+pub use runner::{Event, RunOptions, Stages, synthesize_job, work};
 pub use synth::{Prepared, Synthesizer};
 
 /// What can stop a job.

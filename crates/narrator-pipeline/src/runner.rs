@@ -78,21 +78,42 @@ pub async fn pending_segments<A: AudioStore, S: StateStore>(
     Ok((pending, finished))
 }
 
+/// What a worker runs on: the synthesizer, the two stores, and where events go.
+pub struct Stages<A, S> {
+    /// Phonemizer + engine.
+    pub synth: Arc<Synthesizer>,
+    /// Where segment audio goes.
+    pub store: Arc<A>,
+    /// Where figures go.
+    pub state: Arc<S>,
+    /// Progress events.
+    pub on_event: Arc<dyn Fn(Event) + Send + Sync>,
+}
+
+impl<A, S> Clone for Stages<A, S> {
+    fn clone(&self) -> Self {
+        Self {
+            synth: self.synth.clone(),
+            store: self.store.clone(),
+            state: self.state.clone(),
+            on_event: self.on_event.clone(),
+        }
+    }
+}
+
 /// Synthesizes every pending segment of `plan` through an in-process queue; returns all
 /// finished records, in order.
 pub async fn synthesize_job<A, S>(
     plan: &JobPlan,
-    synth: Arc<Synthesizer>,
-    store: Arc<A>,
-    state: Arc<S>,
+    stages: &Stages<A, S>,
     opts: &RunOptions,
-    on_event: Arc<dyn Fn(Event) + Send + Sync>,
 ) -> Result<Vec<SegmentRecord>, PipelineError>
 where
     A: AudioStore + 'static,
     S: StateStore + 'static,
 {
-    let (pending, mut finished) = pending_segments(plan, &*store, &*state).await?;
+    let on_event = &stages.on_event;
+    let (pending, mut finished) = pending_segments(plan, &*stages.store, &*stages.state).await?;
     on_event(Event::Started {
         total: plan.segments.len(),
         done: finished.len(),
@@ -101,7 +122,7 @@ where
     let queue = Arc::new(InProcessQueue::new());
     queue.publish(&plan.job_id, pending)?;
     queue.close();
-    finished.extend(work(queue, synth, store, state, opts, on_event).await?);
+    finished.extend(work(queue, stages, opts).await?);
     finished.sort_by_key(|r| r.index);
     finished.dedup_by_key(|r| r.index);
     if finished.len() != plan.segments.len() {
@@ -120,17 +141,15 @@ type Ready<T> = (Prepared, Delivery<T>);
 /// its audio is stored and its figures recorded. Returns the records it made.
 pub async fn work<Q, A, S>(
     queue: Arc<Q>,
-    synth: Arc<Synthesizer>,
-    store: Arc<A>,
-    state: Arc<S>,
+    stages: &Stages<A, S>,
     opts: &RunOptions,
-    on_event: Arc<dyn Fn(Event) + Send + Sync>,
 ) -> Result<Vec<SegmentRecord>, PipelineError>
 where
     Q: SegmentQueue + 'static,
     A: AudioStore + 'static,
     S: StateStore + 'static,
 {
+    let (synth, on_event) = (&stages.synth, &stages.on_event);
     let (tx, mut rx) = mpsc::channel::<Result<Ready<Q::Ticket>, PipelineError>>(64);
     let (pq, ps) = (queue.clone(), synth.clone());
     let prep = tokio::spawn(async move {
@@ -189,13 +208,13 @@ where
                 )));
             }
         }
-        let (synth, store, state, queue, on_event) = (
-            synth.clone(),
-            store.clone(),
-            state.clone(),
-            queue.clone(),
-            on_event.clone(),
-        );
+        let Stages {
+            synth,
+            store,
+            state,
+            on_event,
+        } = stages.clone();
+        let queue = queue.clone();
         let worker = opts.worker.clone();
         tasks.spawn(async move {
             let _permit = permit;

@@ -115,11 +115,13 @@ pub(crate) fn parse<R: Read + Seek>(
         let toc_title = toc.get(&item.path).cloned();
         let first_heading = blocks.iter().position(|b| b.heading);
 
-        if toc_title.is_none() && first_heading.is_none() && !toc.is_empty() {
-            if let Some(prev) = book.chapters.last_mut() {
-                prev.blocks.extend(blocks.into_iter().map(|b| b.spoken()));
-                continue;
-            }
+        if toc_title.is_none()
+            && first_heading.is_none()
+            && !toc.is_empty()
+            && let Some(prev) = book.chapters.last_mut()
+        {
+            prev.blocks.extend(blocks.into_iter().map(|b| b.spoken()));
+            continue;
         }
         let title = match (toc_title, first_heading) {
             (Some(t), Some(h)) => {

@@ -533,12 +533,13 @@ fn expand(text: &str) -> String {
             continue;
         }
 
-        if word_start && (c.is_alphabetic() || c == '&') {
-            if let Some((end, spoken)) = speak_abbreviation(&s, i) {
-                out.push_str(&spoken);
-                i = end;
-                continue;
-            }
+        if word_start
+            && (c.is_alphabetic() || c == '&')
+            && let Some((end, spoken)) = speak_abbreviation(&s, i)
+        {
+            out.push_str(&spoken);
+            i = end;
+            continue;
         }
 
         out.push(c);

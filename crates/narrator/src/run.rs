@@ -13,7 +13,7 @@ use anyhow::{Context, bail};
 use narrator_audio::{AudioFormat, Pauses};
 use narrator_core::Manifest;
 use narrator_pipeline::{
-    AssembleOptions, AudioIdentity, Event, JournalStateStore, LocalAudioStore, RunOptions,
+    AssembleOptions, AudioIdentity, Event, JournalStateStore, LocalAudioStore, RunOptions, Stages,
     assemble, plan_job, synthesize_job,
 };
 use narrator_text::{Document, InputFormat, LoadOptions};
@@ -230,7 +230,13 @@ async fn produce(
         max_batch: loaded.max_batch,
         in_flight: loaded.in_flight,
     };
-    let records = synthesize_job(&plan, synth, store.clone(), state, &opts, on_event).await?;
+    let stages = Stages {
+        synth,
+        store: store.clone(),
+        state,
+        on_event,
+    };
+    let records = synthesize_job(&plan, &stages, &opts).await?;
     let resumed = progress.resumed();
     progress.assembling();
     let wall = wall_before + started.elapsed().as_secs_f64();
