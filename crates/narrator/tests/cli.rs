@@ -447,3 +447,63 @@ fn ctrl_c_stops_cleanly_and_says_how_to_resume() {
     assert!(summary["resumed_segments"].as_u64().expect("n") >= 2);
     assert!(out.join("manifest.json").is_file());
 }
+
+/// A minimal EPUB 3: container, OPF with a spine of two chapters, and a nav TOC.
+fn tiny_epub(path: &Path) {
+    use std::io::Write;
+    let f = std::fs::File::create(path).expect("create");
+    let mut z = zip::ZipWriter::new(f);
+    let opt = zip::write::SimpleFileOptions::default();
+    let mut put = |name: &str, body: &str| {
+        z.start_file(name, opt).expect("entry");
+        z.write_all(body.as_bytes()).expect("write");
+    };
+    put("mimetype", "application/epub+zip");
+    put(
+        "META-INF/container.xml",
+        r#"<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container"><rootfiles><rootfile full-path="OEBPS/book.opf" media-type="application/oebps-package+xml"/></rootfiles></container>"#,
+    );
+    put(
+        "OEBPS/book.opf",
+        r#"<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0"><metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>Harbour Notes</dc:title></metadata><manifest><item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/><item id="a" href="a.xhtml" media-type="application/xhtml+xml"/><item id="b" href="b.xhtml" media-type="application/xhtml+xml"/></manifest><spine><itemref idref="a"/><itemref idref="b"/></spine></package>"#,
+    );
+    put(
+        "OEBPS/nav.xhtml",
+        r#"<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml" xmlns:epub="http://www.idpf.org/2007/ops"><body><nav epub:type="toc"><ol><li><a href="a.xhtml">Morning Tide</a></li><li><a href="b.xhtml">Evening Tide</a></li></ol></nav></body></html>"#,
+    );
+    put(
+        "OEBPS/a.xhtml",
+        r#"<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body><h1>Morning Tide</h1><p>The boats went out before dawn. Gulls followed them.</p></body></html>"#,
+    );
+    put(
+        "OEBPS/b.xhtml",
+        r#"<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body><h1>Evening Tide</h1><p>By dusk the harbour was full again.</p></body></html>"#,
+    );
+    z.finish().expect("finish");
+}
+
+#[test]
+fn an_epub_becomes_chapters_named_by_its_table_of_contents() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let book = dir.path().join("harbour.epub");
+    tiny_epub(&book);
+    let out = dir.path().join("o");
+    run_ok(&[
+        "run",
+        book.to_str().expect("utf8"),
+        "--out",
+        out.to_str().expect("utf8"),
+        "--format",
+        "wav",
+    ]);
+    let m = manifest(&out);
+    let titles: Vec<&str> = m["chapters"]
+        .as_array()
+        .expect("chapters")
+        .iter()
+        .map(|c| c["title"].as_str().expect("t"))
+        .collect();
+    assert_eq!(titles, ["Morning Tide", "Evening Tide"]);
+    assert_eq!(m["book"]["title"], "Harbour Notes");
+    assert!(m["book"]["seconds"].as_f64().expect("secs") > 3.0);
+}
