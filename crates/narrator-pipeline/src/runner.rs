@@ -47,7 +47,7 @@ pub enum Event {
 pub struct RunOptions {
     /// Name recorded with every segment.
     pub worker: String,
-    /// Segments per engine batch.
+    /// Utterances per engine run; a batch of segments fills up to this many.
     pub max_batch: usize,
     /// Batches in flight at once.
     pub in_flight: usize,
@@ -194,7 +194,8 @@ where
                     break 'outer;
                 }
             }
-            if batch.len() < max_batch {
+            let utterances: usize = batch.iter().map(|(p, _)| p.utterances.len()).sum();
+            if utterances < max_batch {
                 next = rx.try_recv().ok();
             }
         }
@@ -219,7 +220,7 @@ where
         tasks.spawn(async move {
             let _permit = permit;
             let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            let done = match synth.synthesize(prepared).await {
+            let done = match synth.synthesize(prepared, max_batch).await {
                 Ok(d) => d,
                 Err(e) => {
                     for d in deliveries {
