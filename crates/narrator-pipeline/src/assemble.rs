@@ -255,8 +255,7 @@ pub async fn assemble<A: AudioStore>(
         warnings: plan.warnings.clone(),
     };
     let path = opts.staging.join("manifest.json");
-    let json = serde_json::to_vec_pretty(&manifest)
-        .map_err(|e| PipelineError::Internal(leak(e.to_string())))?;
+    let json = serde_json::to_vec_pretty(&manifest).map_err(PipelineError::Manifest)?;
     std::fs::write(&path, json).map_err(|source| PipelineError::Io {
         path: path.clone(),
         source,
@@ -265,10 +264,6 @@ pub async fn assemble<A: AudioStore>(
         .put_output(&plan.job_id, "manifest.json", &path)
         .await?;
     Ok(manifest)
-}
-
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
 }
 
 #[cfg(test)]

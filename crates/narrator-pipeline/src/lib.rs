@@ -68,6 +68,9 @@ pub enum PipelineError {
     /// A task panicked or was cancelled.
     #[error("a pipeline task failed: {0}")]
     Task(String),
+    /// The manifest could not be encoded.
+    #[error("cannot encode manifest.json: {0}")]
+    Manifest(#[source] serde_json::Error),
     /// A bug.
     #[error("internal error: {0}")]
     Internal(&'static str),
@@ -85,6 +88,7 @@ impl PipelineError {
             PipelineError::Corrupt { .. } => "corrupt_segment",
             PipelineError::Incomplete { .. } => "incomplete",
             PipelineError::Task(_) => "task",
+            PipelineError::Manifest(_) => "manifest",
             PipelineError::Internal(_) => "internal",
         }
     }
