@@ -178,12 +178,15 @@ where
     let max_batch = opts.max_batch.max(1);
     let mut finished = Vec::new();
     let mut failure = None;
-    'outer: while let Some(first) = rx.recv().await {
+    'outer: loop {
+        // Wait for a free slot first, then take whatever is ready: under load the batch
+        // fills with everything that arrived while the engine was busy.
         let permit = slots
             .clone()
             .acquire_owned()
             .await
             .map_err(|_| PipelineError::Internal("semaphore closed"))?;
+        let Some(first) = rx.recv().await else { break };
         let mut batch: Vec<Ready<Q::Ticket>> = Vec::with_capacity(max_batch);
         let mut next = Some(first);
         while let Some(item) = next.take() {
