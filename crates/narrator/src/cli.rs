@@ -47,7 +47,7 @@ pub(crate) struct EngineArgs {
     /// Engine sessions, one thread each (default 1).
     #[arg(long, env = "NARRATOR_SESSIONS", default_value_t = 1)]
     pub(crate) sessions: usize,
-    /// Segments per engine batch (default: 1 on CPU, where batching was measured slower; 8 on CUDA).
+    /// Utterances per engine run (default: 1 on CPU, where batching was measured slower; 8 on CUDA).
     #[arg(long, env = "NARRATOR_MAX_BATCH")]
     pub(crate) max_batch: Option<usize>,
     /// Noise scale (default: the voice's). 0 makes output deterministic.
