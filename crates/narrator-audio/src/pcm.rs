@@ -34,19 +34,9 @@ pub fn peak_normalize_to_i16(samples: &[f32]) -> Vec<i16> {
         .collect()
 }
 
-/// Where a pause goes, from shortest to longest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PauseKind {
-    /// No pause (e.g. between two pieces of one long sentence).
-    None,
-    /// After a sentence.
-    Sentence,
-    /// After a paragraph.
-    Paragraph,
-    /// After a chapter.
-    Chapter,
-}
+/// Where a pause goes: the domain's [`narrator_core::PauseAfter`], one type for the
+/// planner and the encoders.
+pub use narrator_core::PauseAfter as PauseKind;
 
 /// How long each kind of pause lasts, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

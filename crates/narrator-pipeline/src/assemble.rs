@@ -14,7 +14,7 @@ use narrator_audio::{
     AudioFormat, AudioSink, ChapterMark, EncoderSpec, PauseKind, Pauses, create_encoder,
 };
 use narrator_core::{
-    AudioStore, BookEntry, ChapterEntry, JobPlan, Manifest, PauseAfter, SegmentEntry, SegmentRecord,
+    AudioStore, BookEntry, ChapterEntry, JobPlan, Manifest, SegmentEntry, SegmentRecord,
 };
 
 use crate::PipelineError;
@@ -28,15 +28,6 @@ pub struct AssembleOptions {
     pub pauses: Pauses,
     /// Folder for files being written (same filesystem as the outputs for a local store).
     pub staging: PathBuf,
-}
-
-fn pause_kind(p: PauseAfter) -> PauseKind {
-    match p {
-        PauseAfter::Sentence => PauseKind::Sentence,
-        PauseAfter::Paragraph => PauseKind::Paragraph,
-        PauseAfter::Chapter => PauseKind::Chapter,
-        PauseAfter::None => PauseKind::None,
-    }
 }
 
 /// A file-name-safe form of a title: lowercase ASCII letters and digits joined by `-`.
@@ -105,7 +96,7 @@ pub fn layout(
             segments.push((pos, n));
             pos += n;
             if i != last {
-                pos += pauses.samples(pause_kind(plan.segments[i].pause_after), rate) as u64;
+                pos += pauses.samples(plan.segments[i].pause_after, rate) as u64;
             }
         }
         let name = slug(&ch.title, 48);
@@ -200,7 +191,7 @@ pub async fn assemble<A: AudioStore>(
             if i + 1 != end {
                 let gap = opts
                     .pauses
-                    .samples(pause_kind(plan.segments[i as usize].pause_after), rate);
+                    .samples(plan.segments[i as usize].pause_after, rate);
                 chapter.write_silence(gap)?;
                 book.write_silence(gap)?;
             }
@@ -269,7 +260,7 @@ pub async fn assemble<A: AudioStore>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use narrator_core::{ChapterPlan, Segment};
+    use narrator_core::{ChapterPlan, PauseAfter, Segment};
 
     fn plan() -> JobPlan {
         let seg = |index, chapter, pause_after| Segment {
