@@ -1,0 +1,398 @@
+//! Jobs: creation with all their segments in one transaction, the state machine
+//! (`queued → running → assembling → done`, or `failed` / `cancelled`), and status reads
+//! for `narrator status` and `narrator jobs`.
+//!
+//! Each state change is one conditional `UPDATE`, so concurrent callers cannot both win;
+//! it reports whether it changed anything, and an unknown job is an error.
+
+use chrono::{DateTime, Utc};
+use narrator_core::{ChapterPlan, JobPlan, PauseAfter};
+use serde::Serialize;
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::{PgExecutor, PgPool, Row};
+use uuid::Uuid;
+
+use crate::error::{DbError, int4, unsigned};
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Submitted; no segment recorded yet.
+    Queued,
+    /// At least one segment recorded.
+    Running,
+    /// Every segment recorded; one assembler builds the outputs.
+    Assembling,
+    /// Outputs published.
+    Done,
+    /// Ended with an error (see `failure_kind`, `failure_reason`).
+    Failed,
+    /// Cancelled by the user.
+    Cancelled,
+}
+
+impl JobState {
+    /// The word stored in `jobs.state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Assembling => "assembling",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, DbError> {
+        Ok(match s {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "assembling" => Self::Assembling,
+            "done" => Self::Done,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            other => {
+                return Err(DbError::Corrupt {
+                    column: "jobs.state",
+                    value: other.to_owned(),
+                });
+            }
+        })
+    }
+
+    /// Whether the job has ended (done, failed or cancelled).
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Done | Self::Failed | Self::Cancelled)
+    }
+}
+
+pub(crate) fn pause_str(p: PauseAfter) -> &'static str {
+    match p {
+        PauseAfter::Sentence => "sentence",
+        PauseAfter::Paragraph => "paragraph",
+        PauseAfter::Chapter => "chapter",
+        PauseAfter::None => "none",
+    }
+}
+
+pub(crate) fn parse_pause(s: &str) -> Result<PauseAfter, DbError> {
+    Ok(match s {
+        "sentence" => PauseAfter::Sentence,
+        "paragraph" => PauseAfter::Paragraph,
+        "chapter" => PauseAfter::Chapter,
+        "none" => PauseAfter::None,
+        other => {
+            return Err(DbError::Corrupt {
+                column: "segments.pause_after",
+                value: other.to_owned(),
+            });
+        }
+    })
+}
+
+/// Records a submission: the job row and every segment (unpublished, pending) in one
+/// transaction, the segments in one bulk `INSERT … SELECT FROM UNNEST(…)`. Returns the new
+/// job id (a fresh one per submission, even for the same book).
+pub async fn create_job(
+    pool: &PgPool,
+    plan: &JobPlan,
+    format: &str,
+    priority: i32,
+) -> Result<Uuid, DbError> {
+    let id = Uuid::new_v4();
+    let n = plan.segments.len();
+    let total = i32::try_from(n).map_err(|_| DbError::OutOfRange {
+        what: "segment count",
+        value: n as u64,
+    })?;
+    let (mut idx, mut chapter, mut text, mut pause) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for s in &plan.segments {
+        idx.push(int4("segment index", s.index)?);
+        chapter.push(int4("chapter", s.chapter)?);
+        text.push(s.text.as_str());
+        pause.push(pause_str(s.pause_after));
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO jobs (id, content_id, title, source, voice, format, priority, \
+         segments_total, chapters, warnings) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(id)
+    .bind(&plan.job_id)
+    .bind(&plan.title)
+    .bind(&plan.source)
+    .bind(&plan.voice)
+    .bind(format)
+    .bind(priority)
+    .bind(total)
+    .bind(Json(&plan.chapters))
+    .bind(Json(&plan.warnings))
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| DbError::on_job(id, e))?;
+    sqlx::query(
+        "INSERT INTO segments (job_id, idx, chapter, text, pause_after) \
+         SELECT $1, u.idx, u.chapter, u.text, u.pause_after \
+         FROM UNNEST($2::int4[], $3::int4[], $4::text[], $5::text[]) \
+              AS u(idx, chapter, text, pause_after)",
+    )
+    .bind(id)
+    .bind(&idx)
+    .bind(&chapter)
+    .bind(&text)
+    .bind(&pause)
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| DbError::on_job(id, e))?;
+    tx.commit().await?;
+    Ok(id)
+}
+
+/// Runs a conditional state change written as
+/// `WITH upd AS (UPDATE jobs … WHERE id = $1 AND … RETURNING 1) SELECT changed, known`.
+fn changed(row: PgRow, job: Uuid) -> Result<bool, DbError> {
+    let known: bool = row.try_get("known")?;
+    if !known {
+        return Err(DbError::JobNotFound(job));
+    }
+    Ok(row.try_get("changed")?)
+}
+
+const CHANGED: &str = "SELECT EXISTS (SELECT 1 FROM upd) AS changed, \
+                       EXISTS (SELECT 1 FROM jobs WHERE id = $1) AS known";
+
+/// Moves a job from `running` with every segment done to `assembling`. Exactly one of any
+/// number of concurrent callers gets `true`; that one builds the outputs.
+pub async fn claim_assembly(exec: impl PgExecutor<'_>, job: Uuid) -> Result<bool, DbError> {
+    let sql = format!(
+        "WITH upd AS (UPDATE jobs SET state = 'assembling' WHERE id = $1 AND state = 'running' \
+         AND segments_done = segments_total RETURNING 1) {CHANGED}"
+    );
+    let row = sqlx::query(&sql).bind(job).fetch_one(exec).await?;
+    changed(row, job)
+}
+
+/// Marks an assembling job done; `book_seconds` (the whole book, pauses included) becomes
+/// its `audio_seconds`, as in `manifest.json`. `false` if the job was not assembling.
+pub async fn finish_job(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+    book_seconds: f64,
+) -> Result<bool, DbError> {
+    let sql = format!(
+        "WITH upd AS (UPDATE jobs SET state = 'done', finished_at = now(), audio_seconds = $2 \
+         WHERE id = $1 AND state = 'assembling' RETURNING 1) {CHANGED}"
+    );
+    let row = sqlx::query(&sql)
+        .bind(job)
+        .bind(book_seconds)
+        .fetch_one(exec)
+        .await?;
+    changed(row, job)
+}
+
+/// Ends a job that has not ended with an error; `kind` is an error's stable word.
+/// `false` if it had already ended.
+pub async fn fail_job(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+    kind: &str,
+    reason: &str,
+) -> Result<bool, DbError> {
+    let sql = format!(
+        "WITH upd AS (UPDATE jobs SET state = 'failed', finished_at = now(), failure_kind = $2, \
+         failure_reason = $3 WHERE id = $1 AND state IN ('queued', 'running', 'assembling') \
+         RETURNING 1) {CHANGED}"
+    );
+    let row = sqlx::query(&sql)
+        .bind(job)
+        .bind(kind)
+        .bind(reason)
+        .fetch_one(exec)
+        .await?;
+    changed(row, job)
+}
+
+/// Cancels a job that has not ended; workers skip its remaining segments. `false` if it
+/// had already ended.
+pub async fn cancel_job(exec: impl PgExecutor<'_>, job: Uuid) -> Result<bool, DbError> {
+    let sql = format!(
+        "WITH upd AS (UPDATE jobs SET state = 'cancelled', finished_at = now() \
+         WHERE id = $1 AND state IN ('queued', 'running', 'assembling') RETURNING 1) {CHANGED}"
+    );
+    let row = sqlx::query(&sql).bind(job).fetch_one(exec).await?;
+    changed(row, job)
+}
+
+/// One row of the `job_status` view.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobSummary {
+    /// Job id.
+    pub job_id: Uuid,
+    /// The plan's content digest.
+    pub content_id: String,
+    /// Book title.
+    pub title: String,
+    /// Input as given.
+    pub source: String,
+    /// Voice.
+    pub voice: String,
+    /// Output format.
+    pub format: String,
+    /// Priority.
+    pub priority: i32,
+    /// State.
+    pub state: JobState,
+    /// Segments in the job.
+    pub segments_total: u32,
+    /// Segments recorded done.
+    pub segments_done: u32,
+    /// Segments recorded failed.
+    pub segments_failed: u64,
+    /// Audio made so far (the whole book's once done).
+    pub audio_seconds: f64,
+    /// Speech made so far, pauses excluded.
+    pub speech_seconds: f64,
+    /// Processing wall time so far; `None` before the first segment.
+    pub wall_seconds: Option<f64>,
+    /// `wall_seconds / audio_seconds`; `None` while there is no audio.
+    pub rtf: Option<f64>,
+    /// Submit → end; `None` until the job ends.
+    pub latency_seconds: Option<f64>,
+    /// Error word if failed.
+    pub failure_kind: Option<String>,
+    /// Readable reason if failed.
+    pub failure_reason: Option<String>,
+    /// Submitted.
+    pub created_at: DateTime<Utc>,
+    /// First segment's synthesis began.
+    pub started_at: Option<DateTime<Utc>>,
+    /// Ended.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A chapter's progress.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChapterProgress {
+    /// Chapter index, from 0.
+    pub index: u32,
+    /// Title.
+    pub title: String,
+    /// Its segments.
+    pub segments_total: u32,
+    /// Its segments recorded done.
+    pub segments_done: u32,
+    /// Audio of its done segments.
+    pub audio_seconds: f64,
+}
+
+/// What `narrator status` shows: the summary, chapters and warnings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobStatus {
+    /// The `job_status` row.
+    #[serde(flatten)]
+    pub summary: JobSummary,
+    /// Per-chapter progress, in order.
+    pub chapters: Vec<ChapterProgress>,
+    /// Warnings from reading the input.
+    pub warnings: Vec<String>,
+}
+
+fn summary(row: &PgRow) -> Result<JobSummary, DbError> {
+    let state: String = row.try_get("state")?;
+    Ok(JobSummary {
+        job_id: row.try_get("id")?,
+        content_id: row.try_get("content_id")?,
+        title: row.try_get("title")?,
+        source: row.try_get("source")?,
+        voice: row.try_get("voice")?,
+        format: row.try_get("format")?,
+        priority: row.try_get("priority")?,
+        state: JobState::parse(&state)?,
+        segments_total: unsigned(
+            "segments_total",
+            row.try_get::<i32, _>("segments_total")?.into(),
+        )?,
+        segments_done: unsigned(
+            "segments_done",
+            row.try_get::<i32, _>("segments_done")?.into(),
+        )?,
+        segments_failed: unsigned("segments_failed", row.try_get("segments_failed")?)?,
+        audio_seconds: row.try_get("audio_seconds")?,
+        speech_seconds: row.try_get("speech_seconds")?,
+        wall_seconds: row.try_get("wall_seconds")?,
+        rtf: row.try_get("rtf")?,
+        latency_seconds: row.try_get("latency_seconds")?,
+        failure_kind: row.try_get("failure_kind")?,
+        failure_reason: row.try_get("failure_reason")?,
+        created_at: row.try_get("created_at")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+/// A job's status with per-chapter progress; `None` if there is no such job.
+pub async fn job_status(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+) -> Result<Option<JobStatus>, DbError> {
+    let row = sqlx::query(
+        "SELECT v.*, j.chapters, j.warnings, \
+           (SELECT coalesce(jsonb_agg(jsonb_build_array(c.chapter, c.total, c.done, c.audio) \
+                                      ORDER BY c.chapter), '[]'::jsonb) \
+            FROM (SELECT chapter, count(*) AS total, count(*) FILTER (WHERE state = 'done') AS done, \
+                         coalesce(sum(audio_seconds) FILTER (WHERE state = 'done'), 0) AS audio \
+                  FROM segments WHERE job_id = j.id GROUP BY chapter) c) AS progress \
+         FROM job_status v JOIN jobs j ON j.id = v.id WHERE v.id = $1",
+    )
+    .bind(job)
+    .fetch_optional(exec)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let Json(plans): Json<Vec<ChapterPlan>> = row.try_get("chapters")?;
+    let Json(warnings): Json<Vec<String>> = row.try_get("warnings")?;
+    let Json(progress): Json<Vec<(u32, u32, u32, f64)>> = row.try_get("progress")?;
+    let chapters = plans
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let index = u32::try_from(i).unwrap_or(u32::MAX);
+            let (_, total, done, audio) = progress
+                .iter()
+                .copied()
+                .find(|p| p.0 == index)
+                .unwrap_or((index, c.segment_count, 0, 0.0));
+            ChapterProgress {
+                index,
+                title: c.title,
+                segments_total: total,
+                segments_done: done,
+                audio_seconds: audio,
+            }
+        })
+        .collect();
+    Ok(Some(JobStatus {
+        summary: summary(&row)?,
+        chapters,
+        warnings,
+    }))
+}
+
+/// The most recent jobs, newest first.
+pub async fn list_jobs(exec: impl PgExecutor<'_>, limit: u32) -> Result<Vec<JobSummary>, DbError> {
+    sqlx::query("SELECT * FROM job_status ORDER BY created_at DESC, id LIMIT $1")
+        .bind(i64::from(limit))
+        .fetch_all(exec)
+        .await?
+        .iter()
+        .map(summary)
+        .collect()
+}

@@ -1,0 +1,58 @@
+//! narrator's Postgres state for the distributed mode: jobs, their segments (each also an
+//! outbox entry and, once done, a row of figures) and workers, in the schema of the root
+//! `migrations/` folder, plus [`PgStateStore`], the Postgres twin of the pipeline's
+//! journal, so the same runner records into either.
+//!
+//! Every query is a plain `sqlx::query` with binds (no compile-time checked macros, so
+//! building needs no database). Functions take `impl PgExecutor<'_>` (a pool, a connection
+//! or a transaction) unless they need several statements in one transaction, then a
+//! `&PgPool`. Exactly-once effects under at-least-once delivery come from single
+//! conditional statements (`UPDATE … WHERE state <> 'done'`, `… WHERE state = 'running'
+//! AND segments_done = segments_total`), whose row locks serialize concurrent callers;
+//! no advisory locks, no read-then-write.
+//!
+//! The views `job_status`, `segment_figures` and `worker_recent` are documented in the
+//! migration that creates them; they are what a user queries with plain SQL.
+
+mod error;
+mod jobs;
+mod segments;
+mod store;
+mod workers;
+
+pub use error::DbError;
+pub use jobs::{
+    ChapterProgress, JobState, JobStatus, JobSummary, cancel_job, claim_assembly, create_job,
+    fail_job, finish_job, job_status, list_jobs,
+};
+pub use segments::{
+    RecordOutcome, fail_segment, finished_segments, mark_published, record_segment, unpublished,
+};
+pub use store::PgStateStore;
+pub use workers::{WorkerInfo, WorkerStatus, heartbeat, list_workers};
+
+pub use sqlx::PgPool;
+pub use uuid::Uuid;
+
+/// The schema's migrations (root `migrations/`), embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// Connects a pool to `url` (`postgres://user@host:port/db`).
+pub async fn connect(url: &str) -> Result<PgPool, DbError> {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(16)
+        .connect(url)
+        .await
+        .map_err(DbError::Unavailable)
+}
+
+/// Applies every migration not applied yet (what `narrator migrate` runs).
+pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+/// Seconds of a `Duration` as a bind for `make_interval(secs => $n)`.
+pub(crate) fn secs(d: std::time::Duration) -> f64 {
+    d.as_secs_f64()
+}

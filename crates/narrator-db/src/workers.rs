@@ -1,0 +1,104 @@
+//! Workers: each process upserts its row on a heartbeat; `narrator workers` lists those
+//! seen recently, with what they did in the last ten minutes (the `worker_recent` view).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::types::Json;
+use sqlx::{PgExecutor, Row};
+
+use crate::error::{DbError, int8, unsigned};
+use crate::secs;
+
+/// What a worker says about itself.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerInfo {
+    /// Unique per process, e.g. `host:pid`.
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Device it synthesizes on (`cpu`, `cuda:0`).
+    pub device: String,
+    /// Its hardware profile.
+    pub hardware: serde_json::Value,
+    /// Its batch plan.
+    pub plan: serde_json::Value,
+}
+
+/// A row of the `worker_recent` view.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerStatus {
+    /// What the worker said.
+    #[serde(flatten)]
+    pub info: WorkerInfo,
+    /// Segments it finished since it started.
+    pub segments_done: u64,
+    /// First heartbeat.
+    pub started_at: DateTime<Utc>,
+    /// Latest heartbeat.
+    pub last_seen: DateTime<Utc>,
+    /// Segments it finished in the last 10 minutes.
+    pub recent_segments: u64,
+    /// Median RTF of those; `None` when there are none.
+    pub recent_median_rtf: Option<f64>,
+}
+
+/// Upserts the worker's row: its description, its count of finished segments, and
+/// `last_seen = now()` (`started_at` is kept from the first beat).
+pub async fn heartbeat(
+    exec: impl PgExecutor<'_>,
+    worker: &WorkerInfo,
+    segments_done: u64,
+) -> Result<(), DbError> {
+    sqlx::query(
+        "INSERT INTO workers (id, host, device, hardware, plan, segments_done) \
+         VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, device = EXCLUDED.device, \
+           hardware = EXCLUDED.hardware, plan = EXCLUDED.plan, \
+           segments_done = EXCLUDED.segments_done, last_seen = now()",
+    )
+    .bind(&worker.id)
+    .bind(&worker.host)
+    .bind(&worker.device)
+    .bind(Json(&worker.hardware))
+    .bind(Json(&worker.plan))
+    .bind(int8("segments done", segments_done)?)
+    .execute(exec)
+    .await?;
+    Ok(())
+}
+
+/// Workers seen within `active_within`, by id.
+pub async fn list_workers(
+    exec: impl PgExecutor<'_>,
+    active_within: Duration,
+) -> Result<Vec<WorkerStatus>, DbError> {
+    sqlx::query(
+        "SELECT * FROM worker_recent WHERE last_seen >= now() - make_interval(secs => $1) \
+         ORDER BY id",
+    )
+    .bind(secs(active_within))
+    .fetch_all(exec)
+    .await?
+    .iter()
+    .map(|row| {
+        let Json(hardware): Json<serde_json::Value> = row.try_get("hardware")?;
+        let Json(plan): Json<serde_json::Value> = row.try_get("plan")?;
+        Ok(WorkerStatus {
+            info: WorkerInfo {
+                id: row.try_get("id")?,
+                host: row.try_get("host")?,
+                device: row.try_get("device")?,
+                hardware,
+                plan,
+            },
+            segments_done: unsigned("segments_done", row.try_get("segments_done")?)?,
+            started_at: row.try_get("started_at")?,
+            last_seen: row.try_get("last_seen")?,
+            recent_segments: unsigned("recent_segments", row.try_get("recent_segments")?)?,
+            recent_median_rtf: row.try_get("recent_median_rtf")?,
+        })
+    })
+    .collect()
+}

@@ -1,0 +1,531 @@
+//! narrator-db against a real Postgres: each `#[sqlx::test]` gets a fresh database with
+//! the migrations applied. Needs DATABASE_URL (`bash ops/test.sh` sets it and starts
+//! Postgres); without it these tests fail, they do not skip.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use narrator_core::{ChapterPlan, JobPlan, PauseAfter, Segment, SegmentRecord, StateStore};
+use narrator_db::{
+    DbError, JobState, PgStateStore, RecordOutcome, WorkerInfo, cancel_job, claim_assembly,
+    create_job, fail_job, finish_job, finished_segments, heartbeat, job_status, list_jobs,
+    list_workers, mark_published, record_segment, unpublished,
+};
+use sqlx::PgPool;
+
+#[test]
+fn database_url_is_set() {
+    assert!(
+        std::env::var_os("DATABASE_URL").is_some(),
+        "DATABASE_URL is not set: run the tests with `bash ops/test.sh`, which starts \
+         Postgres and sets DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres"
+    );
+}
+
+/// A plan with `chapters` chapters of `per` segments each.
+fn plan(chapters: u32, per: u32) -> JobPlan {
+    let mut segments = Vec::new();
+    let mut chs = Vec::new();
+    for c in 0..chapters {
+        chs.push(ChapterPlan {
+            title: format!("Chapter {}", c + 1),
+            first_segment: c * per,
+            segment_count: per,
+        });
+        for i in 0..per {
+            segments.push(Segment {
+                index: c * per + i,
+                chapter: c,
+                text: format!("Sentence {i} of chapter {c}, with 'quotes' and ünïcode."),
+                pause_after: if i + 1 == per {
+                    PauseAfter::Chapter
+                } else {
+                    PauseAfter::Sentence
+                },
+            });
+        }
+    }
+    JobPlan {
+        job_id: "digest-abc".into(),
+        title: "Alice".into(),
+        source: "alice.txt".into(),
+        voice: "en_US-joe-medium".into(),
+        chapters: chs,
+        segments,
+        warnings: vec!["skipped 1 emoji".into()],
+    }
+}
+
+fn rec(index: u32, worker: &str) -> SegmentRecord {
+    SegmentRecord {
+        index,
+        samples: 22050,
+        sample_rate: 22050,
+        audio_seconds: 1.0,
+        inference_seconds: 0.25,
+        queue_wait_seconds: 0.5,
+        batch_size: 4,
+        attempts: 1,
+        worker: worker.into(),
+        phoneme_ids: 42,
+    }
+}
+
+async fn counters(pool: &PgPool, job: narrator_db::Uuid) -> (JobState, u32, f64) {
+    let s = job_status(pool, job)
+        .await
+        .expect("status")
+        .expect("exists");
+    (
+        s.summary.state,
+        s.summary.segments_done,
+        s.summary.audio_seconds,
+    )
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn a_job_is_recorded_with_its_segments_and_completes_on_the_last(pool: PgPool) {
+    let p = plan(2, 3);
+    let job = create_job(&pool, &p, "opus", 5).await.expect("create");
+    let s = job_status(&pool, job)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(s.summary.state, JobState::Queued);
+    assert_eq!((s.summary.segments_total, s.summary.segments_done), (6, 0));
+    assert_eq!(s.summary.content_id, "digest-abc");
+    assert_eq!((s.summary.format.as_str(), s.summary.priority), ("opus", 5));
+    assert_eq!(s.warnings, ["skipped 1 emoji"]);
+    let titles: Vec<_> = s.chapters.iter().map(|c| c.title.as_str()).collect();
+    assert_eq!(titles, ["Chapter 1", "Chapter 2"]);
+    assert!(s.summary.latency_seconds.is_none() && s.summary.rtf.is_none());
+
+    // A second submission of the same plan is a new job.
+    let again = create_job(&pool, &p, "opus", 5).await.expect("create");
+    assert_ne!(again, job);
+
+    for i in 0..6 {
+        let out = record_segment(&pool, job, &rec(i, "w1"))
+            .await
+            .expect("record");
+        assert_eq!(
+            out,
+            RecordOutcome {
+                newly_done: true,
+                job_complete: i == 5
+            },
+            "segment {i}"
+        );
+        if i == 0 {
+            assert_eq!(counters(&pool, job).await.0, JobState::Running);
+        }
+        if i == 3 {
+            let s = job_status(&pool, job)
+                .await
+                .expect("status")
+                .expect("exists");
+            let done: Vec<_> = s.chapters.iter().map(|c| c.segments_done).collect();
+            assert_eq!(done, [3, 1], "per-chapter progress");
+        }
+    }
+    assert_eq!(counters(&pool, job).await, (JobState::Running, 6, 6.0));
+    let back = finished_segments(&pool, job).await.expect("finished");
+    assert_eq!(back, (0..6).map(|i| rec(i, "w1")).collect::<Vec<_>>());
+    // The other submission is untouched.
+    assert_eq!(counters(&pool, again).await, (JobState::Queued, 0, 0.0));
+
+    assert!(claim_assembly(&pool, job).await.expect("claim"));
+    assert!(!claim_assembly(&pool, job).await.expect("claim again"));
+    assert!(finish_job(&pool, job, 7.5).await.expect("finish"));
+    let s = job_status(&pool, job)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(s.summary.state, JobState::Done);
+    assert_eq!(
+        (s.summary.audio_seconds, s.summary.speech_seconds),
+        (7.5, 6.0)
+    );
+    assert!(s.summary.latency_seconds.is_some_and(|l| l >= 0.0));
+    let listed: Vec<_> = list_jobs(&pool, 10)
+        .await
+        .expect("list")
+        .iter()
+        .map(|j| j.job_id)
+        .collect();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.contains(&job) && listed.contains(&again));
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn a_duplicate_record_changes_nothing(pool: PgPool) {
+    let job = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    let first = record_segment(&pool, job, &rec(1, "w1"))
+        .await
+        .expect("record");
+    assert!(first.newly_done && !first.job_complete);
+    let mut other = rec(1, "w2");
+    other.audio_seconds = 9.0;
+    let dup = record_segment(&pool, job, &other)
+        .await
+        .expect("record again");
+    assert_eq!(
+        dup,
+        RecordOutcome {
+            newly_done: false,
+            job_complete: false
+        }
+    );
+    assert_eq!(counters(&pool, job).await, (JobState::Running, 1, 1.0));
+    assert_eq!(
+        finished_segments(&pool, job).await.expect("finished"),
+        [rec(1, "w1")],
+        "the first record's figures stay"
+    );
+    // A redelivered last segment still reports the job complete (so assembly is retried).
+    record_segment(&pool, job, &rec(0, "w1"))
+        .await
+        .expect("record");
+    let again = record_segment(&pool, job, &rec(0, "w1"))
+        .await
+        .expect("record");
+    assert_eq!(
+        again,
+        RecordOutcome {
+            newly_done: false,
+            job_complete: true
+        }
+    );
+    let missing = record_segment(&pool, job, &rec(7, "w1")).await;
+    assert!(matches!(
+        missing,
+        Err(DbError::SegmentNotFound { index: 7, .. })
+    ));
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn concurrent_records_of_one_segment_count_once(pool: PgPool) {
+    let job = create_job(&pool, &plan(1, 3), "wav", 0)
+        .await
+        .expect("create");
+    let tasks: Vec<_> = (0..8)
+        .map(|w| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                record_segment(&pool, job, &rec(2, &format!("w{w}")))
+                    .await
+                    .expect("record")
+            })
+        })
+        .collect();
+    let mut newly = 0;
+    for t in tasks {
+        newly += usize::from(t.await.expect("join").newly_done);
+    }
+    assert_eq!(newly, 1);
+    assert_eq!(counters(&pool, job).await, (JobState::Running, 1, 1.0));
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn exactly_one_concurrent_claim_wins(pool: PgPool) {
+    let job = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    assert!(!claim_assembly(&pool, job).await.expect("claim"), "queued");
+    record_segment(&pool, job, &rec(0, "w"))
+        .await
+        .expect("record");
+    assert!(
+        !claim_assembly(&pool, job).await.expect("claim"),
+        "not all done"
+    );
+    record_segment(&pool, job, &rec(1, "w"))
+        .await
+        .expect("record");
+    let pool = Arc::new(pool);
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move { claim_assembly(&*pool, job).await.expect("claim") })
+        })
+        .collect();
+    let mut wins = 0;
+    for t in tasks {
+        wins += usize::from(t.await.expect("join"));
+    }
+    assert_eq!(wins, 1);
+    assert_eq!(counters(&pool, job).await.0, JobState::Assembling);
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn the_outbox_lists_segments_until_they_are_published(pool: PgPool) {
+    let job = create_job(&pool, &plan(1, 4), "wav", 0)
+        .await
+        .expect("create");
+    // Too recent for the reconciler.
+    let recent = unpublished(&pool, Duration::from_secs(60), 100)
+        .await
+        .expect("scan");
+    assert!(recent.is_empty());
+    let all = unpublished(&pool, Duration::ZERO, 100).await.expect("scan");
+    assert_eq!(
+        all.iter().map(|(j, s)| (*j, s.index)).collect::<Vec<_>>(),
+        (0..4).map(|i| (job, i)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        all[3].1,
+        plan(1, 4).segments[3],
+        "the segment comes back whole"
+    );
+    assert_eq!(mark_published(&pool, job, &[0, 2]).await.expect("mark"), 2);
+    assert_eq!(mark_published(&pool, job, &[2]).await.expect("mark"), 0);
+    let left: Vec<_> = unpublished(&pool, Duration::ZERO, 1)
+        .await
+        .expect("scan")
+        .iter()
+        .map(|(_, s)| s.index)
+        .collect();
+    assert_eq!(left, [1], "limit");
+    mark_published(&pool, job, &[1, 3]).await.expect("mark");
+    assert!(
+        unpublished(&pool, Duration::ZERO, 100)
+            .await
+            .expect("scan")
+            .is_empty()
+    );
+    // A cancelled job's segments are not republished.
+    let other = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    assert!(cancel_job(&pool, other).await.expect("cancel"));
+    assert!(
+        unpublished(&pool, Duration::ZERO, 100)
+            .await
+            .expect("scan")
+            .is_empty()
+    );
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn views_give_rtf_and_latency_from_timestamps(pool: PgPool) {
+    let job = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    record_segment(&pool, job, &rec(0, "w1"))
+        .await
+        .expect("record");
+    let mut r = rec(1, "w1");
+    r.inference_seconds = 0.75;
+    r.audio_seconds = 3.0;
+    record_segment(&pool, job, &r).await.expect("record");
+    claim_assembly(&pool, job).await.expect("claim");
+    finish_job(&pool, job, 5.0).await.expect("finish");
+    sqlx::query(
+        "UPDATE jobs SET created_at = '2026-01-01T00:00:00Z', \
+         started_at = '2026-01-01T00:00:10Z', finished_at = '2026-01-01T00:00:12Z' WHERE id = $1",
+    )
+    .bind(job)
+    .execute(&pool)
+    .await
+    .expect("set times");
+    let s = job_status(&pool, job)
+        .await
+        .expect("status")
+        .expect("exists")
+        .summary;
+    assert_eq!(s.wall_seconds, Some(2.0));
+    assert_eq!(s.rtf, Some(0.4), "2 s of work for 5 s of audio");
+    assert_eq!(s.latency_seconds, Some(12.0));
+    assert_eq!(s.speech_seconds, 4.0);
+
+    let rtfs: Vec<(i32, Option<f64>)> =
+        sqlx::query_as("SELECT idx, rtf FROM segment_figures WHERE job_id = $1 ORDER BY idx")
+            .bind(job)
+            .fetch_all(&pool)
+            .await
+            .expect("figures");
+    assert_eq!(rtfs, [(0, Some(0.25)), (1, Some(0.25))]);
+
+    let info = |id: &str| WorkerInfo {
+        id: id.into(),
+        host: "h".into(),
+        device: "cpu".into(),
+        hardware: serde_json::json!({"cores": 2}),
+        plan: serde_json::json!({"max_batch": 1}),
+    };
+    heartbeat(&pool, &info("w1"), 2).await.expect("beat");
+    heartbeat(&pool, &info("w1"), 3).await.expect("beat again");
+    heartbeat(&pool, &info("idle"), 0).await.expect("beat");
+    sqlx::query("UPDATE workers SET last_seen = now() - interval '1 hour' WHERE id = 'idle'")
+        .execute(&pool)
+        .await
+        .expect("age");
+    let ws = list_workers(&pool, Duration::from_secs(60))
+        .await
+        .expect("workers");
+    assert_eq!(ws.len(), 1, "only the live worker");
+    assert_eq!((ws[0].info.id.as_str(), ws[0].segments_done), ("w1", 3));
+    assert_eq!(ws[0].info.plan, serde_json::json!({"max_batch": 1}));
+    assert_eq!(
+        (ws[0].recent_segments, ws[0].recent_median_rtf),
+        (2, Some(0.25))
+    );
+    // Segments older than ten minutes leave the recent window.
+    sqlx::query("UPDATE segments SET done_at = now() - interval '11 minutes' WHERE idx = 0")
+        .execute(&pool)
+        .await
+        .expect("age");
+    let ws = list_workers(&pool, Duration::from_secs(60))
+        .await
+        .expect("workers");
+    assert_eq!(ws[0].recent_segments, 1);
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn cancel_and_fail_end_a_job_once(pool: PgPool) {
+    let a = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    assert!(cancel_job(&pool, a).await.expect("cancel"));
+    assert!(!cancel_job(&pool, a).await.expect("cancel again"));
+    assert!(
+        !fail_job(&pool, a, "x", "y")
+            .await
+            .expect("fail after cancel")
+    );
+    assert_eq!(counters(&pool, a).await.0, JobState::Cancelled);
+    // A late record of a cancelled job's segment is kept but does not revive it.
+    record_segment(&pool, a, &rec(0, "w"))
+        .await
+        .expect("record");
+    assert_eq!(counters(&pool, a).await.0, JobState::Cancelled);
+
+    let b = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    record_segment(&pool, b, &rec(0, "w"))
+        .await
+        .expect("record");
+    assert!(
+        fail_job(
+            &pool,
+            b,
+            "dead_letter",
+            "segment 1 failed 5 times: espeak error"
+        )
+        .await
+        .expect("fail")
+    );
+    let s = job_status(&pool, b)
+        .await
+        .expect("status")
+        .expect("exists")
+        .summary;
+    assert_eq!(s.state, JobState::Failed);
+    assert_eq!(s.failure_kind.as_deref(), Some("dead_letter"));
+    assert_eq!(
+        s.failure_reason.as_deref(),
+        Some("segment 1 failed 5 times: espeak error")
+    );
+    assert!(s.latency_seconds.is_some());
+    assert!(
+        !finish_job(&pool, b, 1.0).await.expect("finish"),
+        "not assembling"
+    );
+
+    let nobody = narrator_db::Uuid::new_v4();
+    assert!(matches!(
+        cancel_job(&pool, nobody).await,
+        Err(DbError::JobNotFound(j)) if j == nobody
+    ));
+    assert!(job_status(&pool, nobody).await.expect("status").is_none());
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn constraint_violations_are_domain_errors(pool: PgPool) {
+    let mut p = plan(1, 3);
+    p.segments[2].index = 1;
+    let e = create_job(&pool, &p, "wav", 0)
+        .await
+        .expect_err("duplicate index");
+    assert!(matches!(e, DbError::DuplicateSegment(_)), "{e:?}");
+    assert_eq!(e.kind(), "duplicate_segment");
+    let mut empty = plan(1, 1);
+    empty.segments.clear();
+    let e = create_job(&pool, &empty, "wav", 0)
+        .await
+        .expect_err("empty");
+    assert_eq!(e.kind(), "empty_job");
+    // Neither left a job behind: the transaction rolled back.
+    assert!(list_jobs(&pool, 10).await.expect("list").is_empty());
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn the_state_store_seam_records_into_postgres(pool: PgPool) {
+    let p = plan(1, 3);
+    let job = create_job(&pool, &p, "wav", 0).await.expect("create");
+    let any = PgStateStore::new(pool.clone());
+    any.record_segment(&job.to_string(), &rec(0, "w"))
+        .await
+        .expect("record");
+    any.record_segment(&job.to_string(), &rec(0, "w"))
+        .await
+        .expect("record twice is harmless");
+    let e = any
+        .finished_segments("digest-abc")
+        .await
+        .expect_err("not a uuid");
+    assert_eq!(e.kind, "bad_job_id");
+    assert!(e.message.contains("not a job id"), "{}", e.message);
+
+    let bound = PgStateStore::for_job(pool.clone(), job)
+        .await
+        .expect("bind");
+    bound
+        .record_segment("digest-abc", &rec(2, "w"))
+        .await
+        .expect("content id");
+    let idx: Vec<_> = bound
+        .finished_segments(&job.to_string())
+        .await
+        .expect("finished")
+        .iter()
+        .map(|r| r.index)
+        .collect();
+    assert_eq!(idx, [0, 2]);
+    let e = bound
+        .finished_segments(&narrator_db::Uuid::new_v4().to_string())
+        .await
+        .expect_err("other job");
+    assert_eq!(e.kind, "wrong_job");
+    assert_eq!(counters(&pool, job).await.1, 2);
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn fifteen_hundred_segments_insert_in_one_statement(pool: PgPool) {
+    let p = plan(12, 125);
+    let t = Instant::now();
+    let job = create_job(&pool, &p, "opus", 0).await.expect("create");
+    let took = t.elapsed();
+    eprintln!(
+        "create_job with 1500 segments: {:.1} ms",
+        took.as_secs_f64() * 1e3
+    );
+    let s = job_status(&pool, job)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(s.summary.segments_total, 1500);
+    assert_eq!(s.chapters.len(), 12);
+    assert_eq!(
+        unpublished(&pool, Duration::ZERO, 2000)
+            .await
+            .expect("scan")
+            .len(),
+        1500
+    );
+    // Generous bound: catches a regression to one INSERT per row on a loaded machine.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
