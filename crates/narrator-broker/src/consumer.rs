@@ -1,0 +1,369 @@
+//! Consuming a voice's work queue as a [`SegmentQueue`], and settling deliveries.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures_lite::StreamExt;
+use lapin::Acker;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection};
+use narrator_core::{Delivery, SeamError, SegmentQueue};
+use tokio::sync::Mutex;
+
+use crate::{
+    ATTEMPTS_HEADER, BrokerError, DEAD_LETTER_EXCHANGE, DEAD_REASON_HEADER, Decision, FailureKind,
+    Publisher, RETRY_EXCHANGE, RETRY_TIER_HEADER, SegmentMessage, decide, topology::tier_label,
+    work_queue,
+};
+
+/// Header the quorum queue sets on a redelivery: failed deliveries so far.
+const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// What settles one delivery: lapin's acker, plus the message for a republish.
+#[derive(Debug)]
+pub struct Ticket {
+    acker: Acker,
+    body: Vec<u8>,
+    properties: BasicProperties,
+    attempt: u32,
+}
+
+impl Ticket {
+    /// The delivery attempt, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+enum Action {
+    Decided(Decision),
+    Requeue,
+}
+
+/// A consumer of one voice's work queue with a fixed prefetch.
+#[derive(Debug)]
+pub struct Consumer {
+    channel: Channel,
+    stream: Mutex<lapin::Consumer>,
+    publisher: Publisher,
+    prefetch: u16,
+    queue: String,
+}
+
+fn consumer_tag(voice: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "narrator-{voice}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn int_header(headers: &FieldTable, name: &str) -> Option<u64> {
+    match headers.inner().get(name)? {
+        AMQPValue::ShortShortUInt(v) => Some(u64::from(*v)),
+        AMQPValue::ShortUInt(v) => Some(u64::from(*v)),
+        AMQPValue::LongUInt(v) => Some(u64::from(*v)),
+        AMQPValue::ShortShortInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::ShortInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::LongInt(v) => u64::try_from(*v).ok(),
+        AMQPValue::LongLongInt(v) => u64::try_from(*v).ok(),
+        _ => None,
+    }
+}
+
+/// `x-narrator-attempts` (attempts before the last retry) + `x-delivery-count` + 1.
+pub(crate) fn attempt_of(properties: &BasicProperties) -> u32 {
+    let (before, failed) = properties.headers().as_ref().map_or((0, 0), |h| {
+        (
+            int_header(h, ATTEMPTS_HEADER).unwrap_or(0),
+            int_header(h, DELIVERY_COUNT_HEADER).unwrap_or(0),
+        )
+    });
+    u32::try_from(before.saturating_add(failed).saturating_add(1)).unwrap_or(u32::MAX)
+}
+
+/// The headers for a republish: the old ones without the broker's delivery count, with
+/// the attempts made so far and `extra`.
+fn republish_headers(
+    properties: &BasicProperties,
+    attempt: u32,
+    extra: (&str, &str),
+) -> FieldTable {
+    let mut headers = FieldTable::default();
+    if let Some(old) = properties.headers() {
+        for (k, v) in old.inner() {
+            if k.as_str() != DELIVERY_COUNT_HEADER {
+                headers.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    headers.insert(ATTEMPTS_HEADER.into(), AMQPValue::LongUInt(attempt));
+    headers.insert(
+        extra.0.into(),
+        AMQPValue::LongString(LongString::from(extra.1)),
+    );
+    headers
+}
+
+impl Consumer {
+    /// Opens a channel, sets `basic_qos(prefetch)` and consumes `voice`'s work queue
+    /// (declare it first with [`crate::declare`]). Also opens a confirm-mode channel for
+    /// retries and dead letters.
+    pub async fn start(
+        connection: &Connection,
+        voice: &str,
+        prefetch: u16,
+    ) -> Result<Self, BrokerError> {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| BrokerError::amqp("channel.open", e))?;
+        let queue = work_queue(voice);
+        let consumer = Self {
+            publisher: Publisher::new(connection).await?,
+            stream: Mutex::new({
+                // Per-consumer QoS applies to consumers created after it: set it first.
+                channel
+                    .basic_qos(prefetch, BasicQosOptions { global: false })
+                    .await
+                    .map_err(|e| BrokerError::amqp("basic.qos", e))?;
+                channel
+                    .basic_consume(
+                        queue.as_str().into(),
+                        consumer_tag(voice).into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(|e| BrokerError::amqp(format!("basic.consume {queue}"), e))?
+            }),
+            channel,
+            prefetch,
+            queue,
+        };
+        Ok(consumer)
+    }
+
+    /// The prefetch this consumer keeps.
+    pub fn prefetch(&self) -> u16 {
+        self.prefetch
+    }
+
+    /// The prefetch the channel has in effect, as lapin recorded it.
+    pub fn prefetch_in_effect(&self) -> Option<u16> {
+        self.channel.status().qos().prefetch_count
+    }
+
+    /// Closes the consuming channel: unacknowledged deliveries go back to the queue.
+    pub async fn close(&self) -> Result<(), BrokerError> {
+        self.channel
+            .close(200, "consumer closed".into())
+            .await
+            .map_err(|e| BrokerError::amqp("channel.close", e))
+    }
+
+    async fn reapply_qos(&self) -> Result<(), BrokerError> {
+        // lapin 4.12.3 replays basic_qos before it re-creates consumers; re-applying it
+        // keeps the limit right should a lapin version not (NOTES.md, issue 3).
+        self.channel
+            .basic_qos(self.prefetch, BasicQosOptions { global: false })
+            .await
+            .map_err(|e| BrokerError::amqp("basic.qos after recovery", e))?;
+        tracing::info!(queue = %self.queue, prefetch = self.prefetch, "connection recovered; prefetch re-applied");
+        Ok(())
+    }
+
+    /// The next decodable delivery; a malformed one is dead-lettered on the way.
+    pub async fn next_delivery(&self) -> Result<Option<Delivery<Ticket>>, BrokerError> {
+        let mut stream = self.stream.lock().await;
+        loop {
+            match stream.next().await {
+                None => return Ok(None),
+                Some(Ok(d)) => {
+                    let attempt = attempt_of(&d.properties);
+                    let decoded = SegmentMessage::decode(&d.data);
+                    let ticket = Ticket {
+                        acker: d.acker,
+                        body: d.data,
+                        properties: d.properties,
+                        attempt,
+                    };
+                    match decoded {
+                        Ok(m) => {
+                            return Ok(Some(Delivery {
+                                job_id: m.job_id,
+                                segment: m.segment,
+                                attempt,
+                                ticket,
+                            }));
+                        }
+                        Err(e) => {
+                            tracing::warn!(queue = %self.queue, error = %e, "dead-lettering a malformed message");
+                            self.settle(ticket, decide(FailureKind::Malformed, attempt))
+                                .await?;
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(queue = %self.queue, error = %e, "consumer interrupted; waiting for recovery");
+                    self.channel
+                        .wait_for_recovery(e)
+                        .await
+                        .map_err(|e| BrokerError::amqp(format!("consume {}", self.queue), e))?;
+                    self.reapply_qos().await?;
+                }
+            }
+        }
+    }
+
+    /// Carries out a [`Decision`] (see [`decide`]). Retry: republish to the tier, then
+    /// ack. Dead letter: republish to `narrator.dlx` with the reason in
+    /// `x-narrator-dead-reason`, then ack; if that publish fails, reject without requeue
+    /// (the broker dead-letters it, the reason is logged).
+    pub async fn settle(&self, ticket: Ticket, decision: Decision) -> Result<(), BrokerError> {
+        self.settle_inner(ticket, Action::Decided(decision)).await
+    }
+
+    /// The only code that acks, nacks or rejects.
+    async fn settle_inner(&self, ticket: Ticket, action: Action) -> Result<(), BrokerError> {
+        let Ticket {
+            acker,
+            body,
+            properties,
+            attempt,
+        } = ticket;
+        let (op, sent) = match action {
+            Action::Requeue => {
+                let opts = BasicNackOptions {
+                    requeue: true,
+                    multiple: false,
+                };
+                ("basic.nack", acker.nack(opts).await)
+            }
+            Action::Decided(Decision::Ack) => {
+                ("basic.ack", acker.ack(BasicAckOptions::default()).await)
+            }
+            Action::Decided(Decision::Retry { after }) => {
+                let tier = tier_label(after);
+                let props = properties.clone().with_headers(republish_headers(
+                    &properties,
+                    attempt,
+                    (RETRY_TIER_HEADER, &tier),
+                ));
+                let published = self
+                    .publisher
+                    .publish_raw(RETRY_EXCHANGE, &self.queue, &body, props)
+                    .await;
+                if let Err(e) = published {
+                    let opts = BasicNackOptions {
+                        requeue: true,
+                        multiple: false,
+                    };
+                    if let Err(nack) = acker.nack(opts).await {
+                        tracing::warn!(error = %nack, "nack after a failed retry publish failed");
+                    }
+                    return Err(e);
+                }
+                ("basic.ack", acker.ack(BasicAckOptions::default()).await)
+            }
+            Action::Decided(Decision::DeadLetter { reason }) => {
+                let props = properties.clone().with_headers(republish_headers(
+                    &properties,
+                    attempt,
+                    (DEAD_REASON_HEADER, &reason),
+                ));
+                match self
+                    .publisher
+                    .publish_raw(DEAD_LETTER_EXCHANGE, &self.queue, &body, props)
+                    .await
+                {
+                    Ok(()) => {
+                        tracing::warn!(queue = %self.queue, attempt, %reason, "dead-lettered");
+                        ("basic.ack", acker.ack(BasicAckOptions::default()).await)
+                    }
+                    Err(e) => {
+                        tracing::warn!(queue = %self.queue, attempt, %reason, error = %e,
+                            "dead-letter publish failed; rejecting (the broker dead-letters it without the reason)");
+                        let opts = BasicRejectOptions { requeue: false };
+                        ("basic.reject", acker.reject(opts).await)
+                    }
+                }
+            }
+        };
+        match sent {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                // The channel closed or recovered: the broker will deliver it again.
+                tracing::warn!(queue = %self.queue, op, "not settled: the channel was closed or recovered; it will be delivered again");
+                Ok(())
+            }
+            Err(e) => Err(BrokerError::amqp(op, e)),
+        }
+    }
+}
+
+impl SegmentQueue for Consumer {
+    type Ticket = Ticket;
+
+    async fn next(&self) -> Result<Option<Delivery<Ticket>>, SeamError> {
+        Ok(self.next_delivery().await?)
+    }
+
+    async fn ack(&self, ticket: Ticket) -> Result<(), SeamError> {
+        Ok(self
+            .settle_inner(ticket, Action::Decided(Decision::Ack))
+            .await?)
+    }
+
+    async fn requeue(&self, ticket: Ticket) -> Result<(), SeamError> {
+        Ok(self.settle_inner(ticket, Action::Requeue).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(pairs: &[(&str, AMQPValue)]) -> BasicProperties {
+        let mut h = FieldTable::default();
+        for (k, v) in pairs {
+            h.insert((*k).into(), v.clone());
+        }
+        BasicProperties::default().with_headers(h)
+    }
+
+    #[test]
+    fn attempt_counts_retries_and_redeliveries() {
+        assert_eq!(attempt_of(&BasicProperties::default()), 1);
+        assert_eq!(
+            attempt_of(&props(&[(
+                DELIVERY_COUNT_HEADER,
+                AMQPValue::LongLongInt(1)
+            )])),
+            2
+        );
+        assert_eq!(
+            attempt_of(&props(&[
+                (ATTEMPTS_HEADER, AMQPValue::LongUInt(2)),
+                (DELIVERY_COUNT_HEADER, AMQPValue::LongInt(1)),
+            ])),
+            4
+        );
+    }
+
+    #[test]
+    fn a_republish_drops_the_delivery_count_and_records_attempts() {
+        let p = props(&[
+            (DELIVERY_COUNT_HEADER, AMQPValue::LongLongInt(3)),
+            ("x-narrator-job", AMQPValue::LongString("j".into())),
+        ]);
+        let h = republish_headers(&p, 4, (DEAD_REASON_HEADER, "why"));
+        assert!(!h.contains_key(DELIVERY_COUNT_HEADER));
+        assert!(h.contains_key("x-narrator-job"));
+        assert_eq!(int_header(&h, ATTEMPTS_HEADER), Some(4));
+        assert!(h.contains_key(DEAD_REASON_HEADER));
+    }
+}

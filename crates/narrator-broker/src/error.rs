@@ -1,0 +1,89 @@
+//! The broker's errors, each with a stable kind word for [`narrator_core::SeamError`].
+
+use narrator_core::SeamError;
+
+/// What went wrong talking to RabbitMQ.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The broker could not be reached (or did not answer in time).
+    #[error(
+        "cannot connect to RabbitMQ at {uri}: start it (`rabbitmq-server -detached`) or set NARRATOR_AMQP_URL"
+    )]
+    Connect {
+        /// The URI, password redacted.
+        uri: String,
+        /// The cause; `None` on a timeout.
+        #[source]
+        source: Option<lapin::Error>,
+    },
+    /// An AMQP operation failed.
+    #[error("RabbitMQ {op} failed: {source}")]
+    Amqp {
+        /// What was being done, e.g. `queue.declare narrator.dead`.
+        op: String,
+        /// The cause.
+        #[source]
+        source: lapin::Error,
+    },
+    /// The broker nacked a publish: it did not take responsibility for the message.
+    #[error("RabbitMQ refused (nacked) a message for {exchange:?}/{routing_key}")]
+    Nacked {
+        /// Exchange published to (`""` is the default exchange).
+        exchange: String,
+        /// Routing key.
+        routing_key: String,
+    },
+    /// A mandatory publish matched no queue and came back.
+    #[error(
+        "RabbitMQ returned a message for {exchange:?}/{routing_key} as unroutable ({reply_code} {reply_text}): is the queue declared?"
+    )]
+    Returned {
+        /// Exchange published to.
+        exchange: String,
+        /// Routing key.
+        routing_key: String,
+        /// AMQP reply code (312 NO_ROUTE).
+        reply_code: u16,
+        /// Broker's text.
+        reply_text: String,
+    },
+    /// Publisher confirms were not enabled on the channel (a bug).
+    #[error("publisher confirms are not enabled on this channel")]
+    NotConfirmed,
+    /// A message could not be encoded.
+    #[error("cannot encode a segment message: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// A message body is not a segment message this version understands.
+    #[error("malformed segment message: {0}")]
+    Malformed(String),
+}
+
+impl BrokerError {
+    /// Wraps a lapin error with the operation that failed.
+    pub(crate) fn amqp(op: impl Into<String>, source: lapin::Error) -> Self {
+        Self::Amqp {
+            op: op.into(),
+            source,
+        }
+    }
+
+    /// Stable kind word (metric label, `failure_kind`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Connect { .. } => "broker_unreachable",
+            Self::Amqp { .. } | Self::NotConfirmed => "broker",
+            Self::Nacked { .. } => "broker_nacked",
+            Self::Returned { .. } => "broker_unroutable",
+            Self::Encode(_) => "message_encode",
+            Self::Malformed(_) => "message_malformed",
+        }
+    }
+}
+
+impl From<BrokerError> for SeamError {
+    fn from(e: BrokerError) -> Self {
+        let kind = e.kind();
+        let message = e.to_string();
+        SeamError::new(kind, message, e)
+    }
+}

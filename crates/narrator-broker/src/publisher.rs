@@ -1,0 +1,116 @@
+//! Publishing with confirms: every message is acknowledged by the broker or an error.
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
+
+use crate::{BrokerError, SegmentMessage, work_queue};
+
+/// A confirm-mode channel that publishes persistent, `mandatory` messages.
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    channel: Channel,
+}
+
+impl Publisher {
+    /// Opens a channel in confirm mode.
+    pub async fn new(connection: &Connection) -> Result<Self, BrokerError> {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| BrokerError::amqp("channel.open", e))?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| BrokerError::amqp("confirm.select", e))?;
+        Ok(Self { channel })
+    }
+
+    /// Publishes one segment to its voice's work queue and waits for the confirm.
+    pub async fn publish(&self, message: &SegmentMessage) -> Result<(), BrokerError> {
+        let body = message.encode()?;
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "x-narrator-job".into(),
+            AMQPValue::LongString(LongString::from(message.job_id.as_str())),
+        );
+        let properties = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2)
+            .with_timestamp(message.enqueued_at_ms / 1000)
+            .with_headers(headers);
+        self.publish_raw("", &work_queue(&message.voice), &body, properties)
+            .await
+    }
+
+    /// Publishes a body (persistent, mandatory) and waits for the confirm; a nack or a
+    /// returned message is an error. After a connection loss it waits for lapin's
+    /// recovery and publishes once more.
+    pub(crate) async fn publish_raw(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        let properties = properties.with_delivery_mode(2);
+        let mut recovered = false;
+        loop {
+            match self
+                .try_publish(exchange, routing_key, body, properties.clone())
+                .await
+            {
+                Ok(confirmation) => return self.check(exchange, routing_key, confirmation),
+                Err(e) if !recovered => {
+                    tracing::warn!(error = %e, "publish failed; waiting for the connection to recover");
+                    self.channel.wait_for_recovery(e).await.map_err(|e| {
+                        BrokerError::amqp(format!("basic.publish {routing_key}"), e)
+                    })?;
+                    recovered = true;
+                }
+                Err(e) => return Err(BrokerError::amqp(format!("basic.publish {routing_key}"), e)),
+            }
+        }
+    }
+
+    async fn try_publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> lapin::Result<Confirmation> {
+        let opts = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        self.channel
+            .basic_publish(exchange.into(), routing_key.into(), opts, body, properties)
+            .await?
+            .await
+    }
+
+    fn check(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        confirmation: Confirmation,
+    ) -> Result<(), BrokerError> {
+        match confirmation {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Err(BrokerError::Returned {
+                    exchange: exchange.to_string(),
+                    routing_key: routing_key.to_string(),
+                    reply_code: returned.reply_code,
+                    reply_text: returned.reply_text.to_string(),
+                })
+            }
+            Confirmation::Nack(None) => Err(BrokerError::Nacked {
+                exchange: exchange.to_string(),
+                routing_key: routing_key.to_string(),
+            }),
+            Confirmation::NotRequested => Err(BrokerError::NotConfirmed),
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Queue and exchange names, and their idempotent declaration.
+
+use std::time::Duration;
+
+use lapin::options::{
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{Channel, ExchangeKind};
+
+use crate::{BrokerError, RETRY_TIER_HEADER};
+
+/// Fanout exchange that dead-lettered messages go to.
+pub const DEAD_LETTER_EXCHANGE: &str = "narrator.dlx";
+/// The queue of dead letters.
+pub const DEAD_LETTER_QUEUE: &str = "narrator.dead";
+/// Headers exchange that routes a retry to its tier by [`RETRY_TIER_HEADER`].
+pub const RETRY_EXCHANGE: &str = "narrator.retry";
+/// The retry delays; each is one queue with one `x-message-ttl`.
+pub const RETRY_TIERS: [Duration; 3] = [
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+    Duration::from_secs(300),
+];
+/// Deliveries a work queue allows a message before it dead-letters it.
+pub const DEFAULT_DELIVERY_LIMIT: u32 = 5;
+
+/// Settings of a voice's work queue. Changing them for an existing queue is refused by
+/// the broker (PRECONDITION_FAILED): delete the queue first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopologyConfig {
+    /// `x-delivery-limit` of the work queue.
+    pub delivery_limit: u32,
+}
+
+impl Default for TopologyConfig {
+    fn default() -> Self {
+        Self {
+            delivery_limit: DEFAULT_DELIVERY_LIMIT,
+        }
+    }
+}
+
+/// The work queue of a voice.
+pub fn work_queue(voice: &str) -> String {
+    format!("narrator.segments.{voice}")
+}
+
+/// The tier label of a delay (`5s`), rounded up to the next tier (the last beyond it).
+pub(crate) fn tier_label(after: Duration) -> String {
+    let tier = RETRY_TIERS
+        .iter()
+        .find(|t| **t >= after)
+        .unwrap_or(&RETRY_TIERS[RETRY_TIERS.len() - 1]);
+    format!("{}s", tier.as_secs())
+}
+
+/// The retry queue that a delay goes to, e.g. `narrator.retry.30s`.
+pub fn retry_queue(after: Duration) -> String {
+    format!("{RETRY_EXCHANGE}.{}", tier_label(after))
+}
+
+fn long(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+async fn exchange(channel: &Channel, name: &str, kind: ExchangeKind) -> Result<(), BrokerError> {
+    let opts = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    channel
+        .exchange_declare(name.into(), kind, opts, FieldTable::default())
+        .await
+        .map_err(|e| BrokerError::amqp(format!("exchange.declare {name}"), e))
+}
+
+async fn queue(channel: &Channel, name: &str, args: FieldTable) -> Result<(), BrokerError> {
+    channel
+        .queue_declare(name.into(), durable(), args)
+        .await
+        .map(drop)
+        .map_err(|e| BrokerError::amqp(format!("queue.declare {name}"), e))
+}
+
+async fn bind(
+    channel: &Channel,
+    queue: &str,
+    exchange: &str,
+    args: FieldTable,
+) -> Result<(), BrokerError> {
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            "".into(),
+            QueueBindOptions::default(),
+            args,
+        )
+        .await
+        .map_err(|e| BrokerError::amqp(format!("queue.bind {queue} → {exchange}"), e))
+}
+
+/// Declares the shared topology and `voice`'s work queue with the default settings.
+pub async fn declare(channel: &Channel, voice: &str) -> Result<(), BrokerError> {
+    declare_with(channel, voice, TopologyConfig::default()).await
+}
+
+/// Declares the shared topology (dead letters, retry tiers) and `voice`'s quorum work
+/// queue. Idempotent while the settings do not change.
+pub async fn declare_with(
+    channel: &Channel,
+    voice: &str,
+    config: TopologyConfig,
+) -> Result<(), BrokerError> {
+    exchange(channel, DEAD_LETTER_EXCHANGE, ExchangeKind::Fanout).await?;
+    queue(channel, DEAD_LETTER_QUEUE, FieldTable::default()).await?;
+    bind(
+        channel,
+        DEAD_LETTER_QUEUE,
+        DEAD_LETTER_EXCHANGE,
+        FieldTable::default(),
+    )
+    .await?;
+
+    exchange(channel, RETRY_EXCHANGE, ExchangeKind::Headers).await?;
+    for tier in RETRY_TIERS {
+        let name = retry_queue(tier);
+        let mut args = FieldTable::default();
+        let ttl = u32::try_from(tier.as_millis()).unwrap_or(u32::MAX);
+        args.insert("x-message-ttl".into(), AMQPValue::LongUInt(ttl));
+        // The default exchange with the original routing key: back to the work queue.
+        args.insert("x-dead-letter-exchange".into(), long(""));
+        queue(channel, &name, args).await?;
+        let mut binding = FieldTable::default();
+        binding.insert("x-match".into(), long("all"));
+        binding.insert(RETRY_TIER_HEADER.into(), long(&tier_label(tier)));
+        bind(channel, &name, RETRY_EXCHANGE, binding).await?;
+    }
+
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), long("quorum"));
+    args.insert(
+        "x-delivery-limit".into(),
+        AMQPValue::LongUInt(config.delivery_limit),
+    );
+    args.insert("x-dead-letter-exchange".into(), long(DEAD_LETTER_EXCHANGE));
+    queue(channel, &work_queue(voice), args).await
+}
+
+/// Deletes `voice`'s work queue (not the shared ones); returns the messages it held.
+pub async fn delete_voice_queues(channel: &Channel, voice: &str) -> Result<u32, BrokerError> {
+    let name = work_queue(voice);
+    channel
+        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .map_err(|e| BrokerError::amqp(format!("queue.delete {name}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_round_up_to_a_tier() {
+        let q = |s| retry_queue(Duration::from_secs(s));
+        assert_eq!(q(0), "narrator.retry.5s");
+        assert_eq!(q(5), "narrator.retry.5s");
+        assert_eq!(q(6), "narrator.retry.30s");
+        assert_eq!(q(31), "narrator.retry.300s");
+        assert_eq!(q(9999), "narrator.retry.300s");
+        assert_eq!(
+            work_queue("en_US-joe-medium"),
+            "narrator.segments.en_US-joe-medium"
+        );
+    }
+}
