@@ -48,8 +48,14 @@ pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// bindings, consumers, confirm mode and, since lapin 4.12.3, `basic_qos`).
 /// Must run inside a Tokio runtime.
 pub async fn connect(uri: &str) -> Result<lapin::Connection, BrokerError> {
+    connect_named(uri, "narrator").await
+}
+
+/// [`connect`] with a connection name (shown by `rabbitmqctl list_connections
+/// client_properties` and the management UI).
+pub async fn connect_named(uri: &str, name: &str) -> Result<lapin::Connection, BrokerError> {
     let props = lapin::ConnectionProperties::default()
-        .with_connection_name("narrator".into())
+        .with_connection_name(name.into())
         .enable_auto_recover();
     match tokio::time::timeout(CONNECT_TIMEOUT, lapin::Connection::connect(uri, props)).await {
         Ok(Ok(conn)) => Ok(conn),

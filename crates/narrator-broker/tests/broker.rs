@@ -348,3 +348,75 @@ async fn declare_is_idempotent_and_the_default_queue_carries_a_delivery_limit() 
     let ch = conn.create_channel().await.expect("channel");
     delete_voice_queues(&ch, &voice).await.expect("delete");
 }
+
+/// Closes the connection named `name` from the broker's side, as a network failure would.
+fn force_close(name: &str) {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args([
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
+        .output()
+        .expect("rabbitmqctl (this test needs it on PATH, beside the server)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains(name))
+        .unwrap_or_else(|| panic!("connection {name} not listed:\n{text}"));
+    let pid = line.split_whitespace().next().expect("pid column");
+    let status = std::process::Command::new("rabbitmqctl")
+        .args(["close_connection", pid, "test: simulated failure"])
+        .status()
+        .expect("rabbitmqctl close_connection");
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn after_a_reconnect_the_consumer_still_holds_only_its_prefetch() {
+    let name = unique("recover");
+    let conn = match narrator_broker::connect_named(&amqp_url(), &name).await {
+        Ok(c) => c,
+        Err(e) => panic!("these tests need RabbitMQ: {e}"),
+    };
+    let f = Fixture::new("recover", TopologyConfig::default()).await;
+    f.publish(10).await;
+    let c = Consumer::start(&conn, &f.voice, 3).await.expect("consumer");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(next_within(&c, WAIT).await.expect("within the prefetch"));
+    }
+    force_close(&name);
+    // Tickets from before the reconnect are stale: settling them sends nothing, and the
+    // broker has requeued their messages.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for d in held.drain(..) {
+        c.ack(d.ticket).await.expect("a stale ack is not an error");
+    }
+    for _ in 0..3 {
+        held.push(
+            next_within(&c, Duration::from_secs(20))
+                .await
+                .expect("deliveries resume after recovery"),
+        );
+    }
+    // The same three came back, redelivered (the quorum queue counted the return).
+    assert!(
+        held.iter().all(|d| d.attempt == 2),
+        "{:?}",
+        held.iter().map(|d| d.attempt).collect::<Vec<_>>()
+    );
+    assert!(
+        next_within(&c, Duration::from_millis(700)).await.is_none(),
+        "more than the prefetch after a reconnect"
+    );
+    assert_eq!(c.prefetch_in_effect(), Some(3));
+    assert_eq!(f.ready().await, 7);
+    for d in held {
+        c.ack(d.ticket).await.expect("ack");
+    }
+    let _ = conn.close(200, "done".into()).await;
+    f.finish().await;
+}
