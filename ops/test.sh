@@ -10,4 +10,10 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 && command -v pg_ctlcluster >/dev/null \
     && ls /etc/postgresql >/dev/null 2>&1; then
     pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
 fi
+# narrator-broker's tests need RabbitMQ at 127.0.0.1:5672 (guest/guest).
+amqp_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }
+if ! amqp_up && command -v rabbitmq-server >/dev/null; then
+    rabbitmq-server -detached
+    for _ in $(seq 60); do amqp_up && break; sleep 1; done
+fi
 cargo test --workspace --locked "$@"
