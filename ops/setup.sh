@@ -15,6 +15,7 @@
 #   voices/en_US-joe-medium.onnx, .onnx.json, MODEL_CARD
 #   espeak-ng-data/                  Piper's espeak-ng data; espeak_Initialize path = .deps
 #   piper-venv/                      only with --with-piper
+#   s3/s3s-fs/bin/s3s-fs             S3-compatible test server (cargo install; ops/s3-server.sh)
 #   ok                               stamp: versions and sizes of the main files
 set -euo pipefail
 
@@ -40,6 +41,8 @@ VOICE_NAME=en_US-joe-medium
 PIPER_VERSION=1.8.0
 PY_VERSION=3.11
 PY_PLATFORM=manylinux_2_28_x86_64
+# S3 test server for ops/s3-server.sh (crates.io; 0.14.x is the newest for rustc < 1.96).
+S3S_FS_VERSION=0.14.1
 # -----------------------------------------------------------------------------------------
 
 WITH_PIPER=0
@@ -248,11 +251,30 @@ if ((WITH_PIPER)); then
     fi
 fi
 
-# ---- 5. summary --------------------------------------------------------------------------
+# ---- 5. S3 test server (s3s-fs) ----------------------------------------------------------
+# Built once from crates.io into .deps/s3/s3s-fs (a few minutes on 2 cores); a re-run only
+# asks the binary for its version.
+S3S_BIN="$DEPS/s3/s3s-fs/bin/s3s-fs"
+if [[ -x "$S3S_BIN" && "$("$S3S_BIN" --version 2>/dev/null)" == "s3s-fs $S3S_FS_VERSION" ]]; then
+    step "s3s-fs $S3S_FS_VERSION: present"
+elif ! command -v cargo >/dev/null; then
+    step "s3s-fs: skipped (no cargo); narrator-s3's tests need it"
+else
+    step "s3s-fs $S3S_FS_VERSION: cargo install into .deps/s3/s3s-fs (a few minutes)"
+    # cargo install builds in its own temporary target folder and copies the binary last.
+    cargo install --quiet --locked --force --root "$DEPS/s3/s3s-fs" --features binary \
+        "s3s-fs@$S3S_FS_VERSION" || die "cargo install s3s-fs@$S3S_FS_VERSION failed (is crates.io reachable?)"
+    [[ "$("$S3S_BIN" --version)" == "s3s-fs $S3S_FS_VERSION" ]] || die "$S3S_BIN is not s3s-fs $S3S_FS_VERSION"
+fi
+
+# ---- 6. summary --------------------------------------------------------------------------
 step "done. Paths:"
 echo "  ORT_DYLIB_PATH=$DEPS/onnxruntime/libonnxruntime.so.$ORT_VERSION"
 echo "  voice model    $DEPS/voices/$VOICE_NAME.onnx (+ .onnx.json)"
 echo "  espeak data    $DEPS/espeak-ng-data  (espeak_Initialize path: $DEPS)"
 if [[ -x "$VENV/bin/piper" ]]; then
     echo "  piper          $VENV/bin/piper"
+fi
+if [[ -x "$S3S_BIN" ]]; then
+    echo "  s3s-fs         $S3S_BIN  (bash ops/s3-server.sh start)"
 fi

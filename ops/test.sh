@@ -16,4 +16,12 @@ if ! amqp_up && command -v rabbitmq-server >/dev/null; then
     rabbitmq-server -detached
     for _ in $(seq 60); do amqp_up && break; sleep 1; done
 fi
+# narrator-s3's tests need an S3-compatible server (s3s-fs from ops/setup.sh).
+export NARRATOR_S3_PORT="${NARRATOR_S3_PORT:-9010}"
+export NARRATOR_S3_ENDPOINT="${NARRATOR_S3_ENDPOINT:-http://127.0.0.1:$NARRATOR_S3_PORT}"
+export NARRATOR_S3_BUCKET="${NARRATOR_S3_BUCKET:-narrator}"
+export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-narrator}"
+export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-narrator-secret}"
+export AWS_REGION="${AWS_REGION:-us-east-1}"
+bash ops/s3-server.sh start
 cargo test --workspace --locked "$@"

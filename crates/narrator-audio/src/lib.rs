@@ -30,4 +30,4 @@ pub use error::AudioError;
 pub use format::AudioFormat;
 pub use pcm::{PauseKind, Pauses, peak_normalize_to_i16};
 pub use sink::{AudioSink, ChapterMark, EncodedInfo, EncoderSpec, create_encoder};
-pub use wav::{encode_wav_file, read_wav_i16};
+pub use wav::{decode_wav_bytes, encode_wav_bytes, encode_wav_file, read_wav_i16};

@@ -100,13 +100,47 @@ pub fn encode_wav_file(path: &Path, sample_rate: u32, samples: &[i16]) -> Result
     Ok(())
 }
 
+/// The same bytes [`encode_wav_file`] writes, built in memory (object stores).
+pub fn encode_wav_bytes(sample_rate: u32, samples: &[i16]) -> Result<Vec<u8>, AudioError> {
+    let spec = EncoderSpec::new(crate::AudioFormat::Wav, sample_rate);
+    spec.validate()?;
+    let mut buf = std::io::Cursor::new(Vec::with_capacity(44 + samples.len() * 2));
+    let mut sink = Box::new(WavSink::new(&spec, Tracked::new(&mut buf)?)?);
+    sink.write(samples)?;
+    sink.finish()?;
+    Ok(buf.into_inner())
+}
+
 /// Reads a mono 16-bit integer PCM WAV file: returns `(sample_rate, samples)`.
 pub fn read_wav_i16(path: &Path) -> Result<(u32, Vec<i16>), AudioError> {
+    let reader = hound::WavReader::open(path).map_err(|source| AudioError::WavRead {
+        path: path.to_owned(),
+        source,
+    })?;
+    read_wav_reader(reader, path)
+}
+
+/// [`read_wav_i16`] for WAV bytes held in memory (e.g. fetched from an object store);
+/// errors name the file as `<in-memory WAV>`.
+pub fn decode_wav_bytes(bytes: &[u8]) -> Result<(u32, Vec<i16>), AudioError> {
+    let path = Path::new("<in-memory WAV>");
+    let reader = hound::WavReader::new(std::io::Cursor::new(bytes)).map_err(|source| {
+        AudioError::WavRead {
+            path: path.to_owned(),
+            source,
+        }
+    })?;
+    read_wav_reader(reader, path)
+}
+
+fn read_wav_reader<R: std::io::Read>(
+    mut reader: hound::WavReader<R>,
+    path: &Path,
+) -> Result<(u32, Vec<i16>), AudioError> {
     let read_err = |source| AudioError::WavRead {
         path: path.to_owned(),
         source,
     };
-    let mut reader = hound::WavReader::open(path).map_err(read_err)?;
     let spec = reader.spec();
     if spec.channels != 1
         || spec.bits_per_sample != 16
@@ -129,4 +163,27 @@ pub fn read_wav_i16(path: &Path) -> Result<(u32, Vec<i16>), AudioError> {
         .collect::<Result<Vec<i16>, _>>()
         .map_err(read_err)?;
     Ok((spec.sample_rate, samples))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wav_bytes_equal_the_file_and_read_back() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("a.wav");
+        let samples = [0i16, 1, -1, i16::MAX, i16::MIN, 1234];
+        encode_wav_file(&path, 22050, &samples).expect("file");
+        let bytes = encode_wav_bytes(22050, &samples).expect("bytes");
+        assert_eq!(std::fs::read(&path).expect("read"), bytes);
+        assert_eq!(
+            decode_wav_bytes(&bytes).expect("decode"),
+            (22050, samples.to_vec())
+        );
+        assert_eq!(
+            decode_wav_bytes(b"RIFF").expect_err("short").kind(),
+            "wav_read"
+        );
+    }
 }

@@ -1,0 +1,736 @@
+//! narrator's [`AudioStore`] on S3 or any S3-compatible server (moto, s3s, MinIO, ...).
+//!
+//! Keys (the prefix is used verbatim: give it its trailing `/`):
+//! - segments: `{prefix}jobs/{job}/segments/{index:06}.wav`, the same 16-bit mono WAV bytes
+//!   `narrator_pipeline::LocalAudioStore` writes ([`narrator_audio::encode_wav_bytes`]);
+//!   a PUT is atomic, so an object that exists is complete;
+//! - outputs: `{prefix}jobs/{job}/out/{name}`; files above `multipart_threshold` go up as a
+//!   multipart upload in `part_size` parts, aborted on any error so no partial object ever
+//!   becomes visible.
+//!
+//! With an `endpoint` the client uses path-style addressing (`http://host:port/bucket/key`),
+//! which every S3-compatible test server understands. Credentials are the static pair from
+//! [`S3Config`] when given, else `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`
+//! (`AWS_SESSION_TOKEN` optional). The crate does not use `aws-config` (it would compile
+//! the STS client as well), so profile files, SSO and instance metadata are not consulted.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::presigning::PresigningConfig;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{
+    BucketLocationConstraint, CompletedMultipartUpload, CompletedPart, CreateBucketConfiguration,
+};
+use narrator_core::{AudioStore, SeamError, SegmentAudio};
+use tokio::io::AsyncReadExt;
+
+const MIB: u64 = 1024 * 1024;
+/// S3's smallest part (except the last).
+const MIN_PART: u64 = 5 * MIB;
+/// S3's largest part.
+const MAX_PART: u64 = 5 * 1024 * MIB;
+/// S3's most parts per upload.
+const MAX_PARTS: u64 = 10_000;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where and how to reach the bucket.
+#[derive(Clone, PartialEq, Eq)]
+pub struct S3Config {
+    /// `http(s)://host:port` of an S3-compatible server (path-style addressing); `None` for
+    /// AWS itself.
+    pub endpoint: Option<String>,
+    /// The bucket.
+    pub bucket: String,
+    /// Signing region, e.g. `us-east-1`.
+    pub region: String,
+    /// Static access key id; with `secret_access_key`. `None`: `AWS_ACCESS_KEY_ID`.
+    pub access_key_id: Option<String>,
+    /// Static secret; never printed by `Debug`. `None`: `AWS_SECRET_ACCESS_KEY`.
+    pub secret_access_key: Option<String>,
+    /// Prepended verbatim to every key, e.g. `narrator/`; may be empty.
+    pub prefix: String,
+    /// Outputs larger than this many bytes go up as multipart uploads (default 16 MiB).
+    pub multipart_threshold: u64,
+    /// Multipart part size in bytes (default 8 MiB, at least 5 MiB).
+    pub part_size: u64,
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            bucket: "narrator".into(),
+            region: "us-east-1".into(),
+            access_key_id: None,
+            secret_access_key: None,
+            prefix: String::new(),
+            multipart_threshold: 16 * MIB,
+            part_size: 8 * MIB,
+        }
+    }
+}
+
+impl fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Config")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("prefix", &self.prefix)
+            .field("multipart_threshold", &self.multipart_threshold)
+            .field("part_size", &self.part_size)
+            .finish()
+    }
+}
+
+/// What went wrong talking to S3. Every message says what failed and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum S3Error {
+    /// The settings cannot work (no credentials, part size out of range, ...).
+    #[error("invalid S3 settings: {reason}")]
+    Config {
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// No connection (refused, DNS, timeout) to the endpoint.
+    #[error(
+        "cannot reach the S3 endpoint {endpoint} ({action}); check that the server runs and the URL is right (tests: bash ops/s3-server.sh start)"
+    )]
+    Unreachable {
+        /// The endpoint URL.
+        endpoint: String,
+        /// The operation, e.g. `head_bucket narrator`.
+        action: String,
+        /// The SDK error.
+        #[source]
+        source: BoxError,
+    },
+    /// The bucket does not exist.
+    #[error(
+        "S3 bucket {bucket:?} does not exist at {endpoint}; create it or pass --s3-bucket (tests: bash ops/s3-server.sh start creates it)"
+    )]
+    NoSuchBucket {
+        /// The bucket.
+        bucket: String,
+        /// The endpoint URL.
+        endpoint: String,
+    },
+    /// The server refused the credentials or the signature.
+    #[error(
+        "S3 refused access ({code}) for {action} in bucket {bucket:?} at {endpoint}; check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or --s3-access-key-id / --s3-secret-access-key) and the region"
+    )]
+    Denied {
+        /// Error code or HTTP status.
+        code: String,
+        /// The operation.
+        action: String,
+        /// The bucket.
+        bucket: String,
+        /// The endpoint URL.
+        endpoint: String,
+        /// The SDK error.
+        #[source]
+        source: BoxError,
+    },
+    /// The object does not exist.
+    #[error(
+        "S3 object {key:?} does not exist in bucket {bucket:?}; it was never stored or was deleted"
+    )]
+    NotFound {
+        /// The bucket.
+        bucket: String,
+        /// The key.
+        key: String,
+    },
+    /// Any other failed request.
+    #[error(
+        "S3 {action} failed at {endpoint}: {detail}; retry, and check the server's log if it persists"
+    )]
+    Request {
+        /// The operation and its key.
+        action: String,
+        /// The endpoint URL.
+        endpoint: String,
+        /// The SDK's error chain in one line.
+        detail: String,
+        /// The SDK error.
+        #[source]
+        source: BoxError,
+    },
+    /// A local file (an output to upload) could not be read.
+    #[error("cannot read {}: {source}; check that the file exists and is readable", .path.display())]
+    LocalIo {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Segment audio could not be encoded or a stored segment is not valid WAV.
+    #[error("segment audio {key:?}: {source}")]
+    Audio {
+        /// The key.
+        key: String,
+        /// The audio error.
+        #[source]
+        source: narrator_audio::AudioError,
+    },
+}
+
+impl S3Error {
+    /// A stable word for metrics and `failure_kind`: `store_config` for settings that
+    /// cannot work, `store_io` (transient: retry) for everything else.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            S3Error::Config { .. } => "store_config",
+            _ => "store_io",
+        }
+    }
+}
+
+impl From<S3Error> for SeamError {
+    fn from(e: S3Error) -> Self {
+        SeamError::new(e.kind(), e.to_string(), e)
+    }
+}
+
+/// Segment audio and outputs in an S3 bucket. Cheap to clone (shares the HTTP pool).
+#[derive(Clone)]
+pub struct S3AudioStore {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+    prefix: String,
+    endpoint: String,
+    multipart_threshold: u64,
+    part_size: u64,
+}
+
+impl fmt::Debug for S3AudioStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3AudioStore")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("multipart_threshold", &self.multipart_threshold)
+            .field("part_size", &self.part_size)
+            .finish_non_exhaustive()
+    }
+}
+
+fn config_err(reason: impl Into<String>) -> S3Error {
+    S3Error::Config {
+        reason: reason.into(),
+    }
+}
+
+fn env_nonempty(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// `Content-Type` for an output, by extension.
+fn content_type_for(name: &str) -> &'static str {
+    let ext = Path::new(name)
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("ogg" | "opus" | "oga") => "audio/ogg",
+        Some("mp3") => "audio/mpeg",
+        Some("wav") => "audio/wav",
+        Some("json") => "application/json",
+        Some("txt" | "md") => "text/plain; charset=utf-8",
+        _ => "application/octet-stream",
+    }
+}
+
+impl S3AudioStore {
+    fn build(cfg: S3Config) -> Result<Self, S3Error> {
+        if cfg.bucket.is_empty() {
+            return Err(config_err("the bucket name is empty; pass --s3-bucket"));
+        }
+        if cfg.region.is_empty() {
+            return Err(config_err("the region is empty; pass e.g. us-east-1"));
+        }
+        if !(MIN_PART..=MAX_PART).contains(&cfg.part_size) {
+            return Err(config_err(format!(
+                "part_size {} is outside S3's 5 MiB..5 GiB",
+                cfg.part_size
+            )));
+        }
+        let credentials = match (&cfg.access_key_id, &cfg.secret_access_key) {
+            (Some(id), Some(secret)) => Credentials::new(id, secret, None, None, "narrator-static"),
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(config_err(
+                    "give both the access key id and the secret access key, or neither (then AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are used)",
+                ));
+            }
+            (None, None) => match (
+                env_nonempty("AWS_ACCESS_KEY_ID"),
+                env_nonempty("AWS_SECRET_ACCESS_KEY"),
+            ) {
+                (Some(id), Some(secret)) => Credentials::new(
+                    id,
+                    secret,
+                    env_nonempty("AWS_SESSION_TOKEN"),
+                    None,
+                    "narrator-env",
+                ),
+                _ => {
+                    return Err(config_err(
+                        "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or pass --s3-access-key-id / --s3-secret-access-key)",
+                    ));
+                }
+            },
+        };
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let mut builder = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(cfg.region.clone()))
+            .credentials_provider(credentials)
+            .http_client(http);
+        let endpoint = match &cfg.endpoint {
+            Some(url) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(config_err(format!(
+                        "endpoint {url:?} must start with http:// or https://"
+                    )));
+                }
+                builder = builder.endpoint_url(url).force_path_style(true);
+                url.trim_end_matches('/').to_owned()
+            }
+            None => format!("https://s3.{}.amazonaws.com", cfg.region),
+        };
+        Ok(Self {
+            client: aws_sdk_s3::Client::from_conf(builder.build()),
+            bucket: cfg.bucket,
+            prefix: cfg.prefix,
+            endpoint,
+            multipart_threshold: cfg.multipart_threshold,
+            part_size: cfg.part_size,
+        })
+    }
+
+    /// Connects and checks with `HeadBucket` that the bucket exists and the credentials
+    /// are accepted.
+    pub async fn connect(cfg: S3Config) -> Result<Self, S3Error> {
+        let store = Self::build(cfg)?;
+        store.check_bucket().await?;
+        Ok(store)
+    }
+
+    /// Like [`S3AudioStore::connect`], but creates the bucket when it is missing.
+    pub async fn ensure_bucket(cfg: S3Config) -> Result<Self, S3Error> {
+        let region = cfg.region.clone();
+        let store = Self::build(cfg)?;
+        match store.check_bucket().await {
+            Err(S3Error::NoSuchBucket { .. }) => {}
+            other => return other.map(|()| store),
+        }
+        let mut req = store.client.create_bucket().bucket(&store.bucket);
+        if region != "us-east-1" {
+            req = req.create_bucket_configuration(
+                CreateBucketConfiguration::builder()
+                    .location_constraint(BucketLocationConstraint::from(region.as_str()))
+                    .build(),
+            );
+        }
+        match req.send().await {
+            Ok(_) => {}
+            // Another process created it in between.
+            Err(e) if e.code() == Some("BucketAlreadyOwnedByYou") => {}
+            Err(e) => return Err(store.classify("create_bucket", &store.bucket, e)),
+        }
+        tracing::info!(bucket = %store.bucket, endpoint = %store.endpoint, "created S3 bucket");
+        Ok(store)
+    }
+
+    async fn check_bucket(&self) -> Result<(), S3Error> {
+        self.client
+            .head_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .map_err(|e| self.classify("head_bucket", "", e))?;
+        Ok(())
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// `{prefix}jobs/{job}/segments/{index:06}.wav`
+    pub fn segment_key(&self, job: &str, index: u32) -> String {
+        format!("{}jobs/{job}/segments/{index:06}.wav", self.prefix)
+    }
+
+    /// `{prefix}jobs/{job}/out/{name}`
+    pub fn output_key(&self, job: &str, name: &str) -> String {
+        format!("{}jobs/{job}/out/{name}", self.prefix)
+    }
+
+    /// A URL that GETs `key` without credentials until `expires` has passed (at most
+    /// 7 days).
+    pub async fn presign_get(&self, key: &str, expires: Duration) -> Result<String, S3Error> {
+        let presigning = PresigningConfig::expires_in(expires)
+            .map_err(|e| config_err(format!("presigned URL lifetime {expires:?}: {e}")))?;
+        let req = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .presigned(presigning)
+            .await
+            .map_err(|e| self.classify("presign get_object", key, e))?;
+        Ok(req.uri().to_owned())
+    }
+
+    /// The whole object.
+    pub async fn get_bytes(&self, key: &str) -> Result<Vec<u8>, S3Error> {
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| self.classify("get_object", key, e))?;
+        let body = out.body.collect().await.map_err(|e| S3Error::Request {
+            action: format!("get_object {key}"),
+            endpoint: self.endpoint.clone(),
+            detail: format!("reading the body: {e}"),
+            source: Box::new(e),
+        })?;
+        Ok(body.into_bytes().to_vec())
+    }
+
+    /// Stores `body` under `key` in one PUT (replacing any previous object).
+    pub async fn put_bytes(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> Result<(), S3Error> {
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_type(content_type)
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| self.classify("put_object", key, e))?;
+        Ok(())
+    }
+
+    /// The object's size, or `None` when it does not exist.
+    pub async fn head(&self, key: &str) -> Result<Option<u64>, S3Error> {
+        match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(Some(
+                out.content_length()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .unwrap_or(0),
+            )),
+            Err(e) if e.raw_response().map(|r| r.status().as_u16()) == Some(404) => Ok(None),
+            Err(e) => Err(self.classify("head_object", key, e)),
+        }
+    }
+
+    /// Uploads a local file to `key`: one PUT up to `multipart_threshold`, else multipart.
+    pub async fn put_file(&self, key: &str, file: &Path) -> Result<(), S3Error> {
+        let local = |source| S3Error::LocalIo {
+            path: file.to_owned(),
+            source,
+        };
+        let content_type = content_type_for(key);
+        let len = tokio::fs::metadata(file).await.map_err(local)?.len();
+        if len <= self.multipart_threshold {
+            let body = tokio::fs::read(file).await.map_err(local)?;
+            return self.put_bytes(key, body, content_type).await;
+        }
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_type(content_type)
+            .send()
+            .await
+            .map_err(|e| self.classify("create_multipart_upload", key, e))?;
+        let Some(upload_id) = created.upload_id() else {
+            return Err(S3Error::Request {
+                action: format!("create_multipart_upload {key}"),
+                endpoint: self.endpoint.clone(),
+                detail: "the response has no UploadId".into(),
+                source: "no UploadId".into(),
+            });
+        };
+        let result = match self.upload_parts(key, upload_id, file, len).await {
+            Ok(parts) => self
+                .client
+                .complete_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .multipart_upload(
+                    CompletedMultipartUpload::builder()
+                        .set_parts(Some(parts))
+                        .build(),
+                )
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| self.classify("complete_multipart_upload", key, e)),
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            // Nothing of an aborted upload is ever visible under `key`.
+            if let Err(e) = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .send()
+                .await
+            {
+                tracing::warn!(key, upload_id, error = %DisplayErrorContext(&e), "abort_multipart_upload failed; a lifecycle rule for incomplete uploads cleans it up");
+            }
+        }
+        result
+    }
+
+    async fn upload_parts(
+        &self,
+        key: &str,
+        upload_id: &str,
+        file: &Path,
+        len: u64,
+    ) -> Result<Vec<CompletedPart>, S3Error> {
+        let local = |source| S3Error::LocalIo {
+            path: file.to_owned(),
+            source,
+        };
+        // Grow the parts when the file would need more than S3's 10,000.
+        let part_size = self.part_size.max(len.div_ceil(MAX_PARTS));
+        let part_len = usize::try_from(part_size).map_err(|_| config_err("part_size too large"))?;
+        let mut f = tokio::fs::File::open(file).await.map_err(local)?;
+        let mut parts = Vec::new();
+        for part_number in 1i32.. {
+            let mut buf = vec![0u8; part_len];
+            let mut filled = 0;
+            while filled < part_len {
+                let n = f.read(&mut buf[filled..]).await.map_err(local)?;
+                if n == 0 {
+                    break;
+                }
+                filled += n;
+            }
+            if filled == 0 && part_number > 1 {
+                break;
+            }
+            buf.truncate(filled);
+            let last = filled < part_len;
+            let out = self
+                .client
+                .upload_part()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .part_number(part_number)
+                .body(ByteStream::from(buf))
+                .send()
+                .await
+                .map_err(|e| self.classify("upload_part", &format!("{key} #{part_number}"), e))?;
+            parts.push(
+                CompletedPart::builder()
+                    .part_number(part_number)
+                    .set_e_tag(out.e_tag().map(str::to_owned))
+                    .build(),
+            );
+            if last {
+                break;
+            }
+        }
+        Ok(parts)
+    }
+
+    fn classify<E>(&self, action: &str, key: &str, err: SdkError<E, HttpResponse>) -> S3Error
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let action = if key.is_empty() {
+            format!("{action} {}", self.bucket)
+        } else {
+            format!("{action} {key}")
+        };
+        let status = err.raw_response().map(|r| r.status().as_u16());
+        let code = err.code().map(str::to_owned);
+        if matches!(
+            err,
+            SdkError::DispatchFailure(_) | SdkError::TimeoutError(_)
+        ) {
+            return S3Error::Unreachable {
+                endpoint: self.endpoint.clone(),
+                action,
+                source: Box::new(err),
+            };
+        }
+        let bucket_op = action.starts_with("head_bucket") || action.starts_with("create_bucket");
+        if code.as_deref() == Some("NoSuchBucket") || (bucket_op && status == Some(404)) {
+            return S3Error::NoSuchBucket {
+                bucket: self.bucket.clone(),
+                endpoint: self.endpoint.clone(),
+            };
+        }
+        if status == Some(403)
+            || matches!(
+                code.as_deref(),
+                Some("AccessDenied" | "InvalidAccessKeyId" | "SignatureDoesNotMatch")
+            )
+        {
+            return S3Error::Denied {
+                code: code.unwrap_or_else(|| "HTTP 403".into()),
+                action,
+                bucket: self.bucket.clone(),
+                endpoint: self.endpoint.clone(),
+                source: Box::new(err),
+            };
+        }
+        if code.as_deref() == Some("NoSuchKey") || status == Some(404) {
+            return S3Error::NotFound {
+                bucket: self.bucket.clone(),
+                key: key.to_owned(),
+            };
+        }
+        S3Error::Request {
+            action,
+            endpoint: self.endpoint.clone(),
+            detail: DisplayErrorContext(&err).to_string(),
+            source: Box::new(err),
+        }
+    }
+}
+
+impl AudioStore for S3AudioStore {
+    async fn put_segment(
+        &self,
+        job: &str,
+        index: u32,
+        audio: &SegmentAudio,
+    ) -> Result<(), SeamError> {
+        let key = self.segment_key(job, index);
+        let bytes = narrator_audio::encode_wav_bytes(audio.sample_rate, &audio.samples).map_err(
+            |source| S3Error::Audio {
+                key: key.clone(),
+                source,
+            },
+        )?;
+        Ok(self.put_bytes(&key, bytes, "audio/wav").await?)
+    }
+
+    async fn get_segment(&self, job: &str, index: u32) -> Result<SegmentAudio, SeamError> {
+        let key = self.segment_key(job, index);
+        let bytes = self.get_bytes(&key).await?;
+        let (sample_rate, samples) = narrator_audio::decode_wav_bytes(&bytes)
+            .map_err(|source| S3Error::Audio { key, source })?;
+        Ok(SegmentAudio {
+            sample_rate,
+            samples,
+        })
+    }
+
+    async fn has_segment(&self, job: &str, index: u32) -> Result<bool, SeamError> {
+        Ok(self.head(&self.segment_key(job, index)).await?.is_some())
+    }
+
+    async fn put_output(&self, job: &str, name: &str, file: &Path) -> Result<(), SeamError> {
+        Ok(self.put_file(&self.output_key(job, name), file).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_secret() {
+        let cfg = S3Config {
+            access_key_id: Some("AKIDEXAMPLE".into()),
+            secret_access_key: Some("very-secret-value".into()),
+            ..S3Config::default()
+        };
+        let text = format!("{cfg:?}");
+        assert!(!text.contains("very-secret-value"), "{text}");
+        assert!(
+            text.contains("<redacted>") && text.contains("AKIDEXAMPLE"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn keys_and_content_types() {
+        let store = S3AudioStore::build(S3Config {
+            endpoint: Some("http://127.0.0.1:1".into()),
+            access_key_id: Some("a".into()),
+            secret_access_key: Some("b".into()),
+            prefix: "narrator/".into(),
+            ..S3Config::default()
+        })
+        .expect("build");
+        assert_eq!(
+            store.segment_key("j1", 42),
+            "narrator/jobs/j1/segments/000042.wav"
+        );
+        assert_eq!(
+            store.output_key("j1", "book.opus"),
+            "narrator/jobs/j1/out/book.opus"
+        );
+        assert_eq!(content_type_for("a/b.OGG"), "audio/ogg");
+        assert_eq!(content_type_for("x.mp3"), "audio/mpeg");
+        assert_eq!(content_type_for("x.wav"), "audio/wav");
+        assert_eq!(content_type_for("manifest.json"), "application/json");
+        assert_eq!(content_type_for("noext"), "application/octet-stream");
+    }
+
+    #[test]
+    fn bad_settings_are_config_errors() {
+        let small = S3AudioStore::build(S3Config {
+            part_size: MIB,
+            access_key_id: Some("a".into()),
+            secret_access_key: Some("b".into()),
+            ..S3Config::default()
+        })
+        .expect_err("small part");
+        assert_eq!(small.kind(), "store_config");
+        let half = S3AudioStore::build(S3Config {
+            access_key_id: Some("a".into()),
+            ..S3Config::default()
+        })
+        .expect_err("half credentials");
+        assert_eq!(SeamError::from(half).kind, "store_config");
+    }
+}
