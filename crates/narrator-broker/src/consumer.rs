@@ -197,6 +197,7 @@ impl Consumer {
                                 job_id: m.job_id,
                                 segment: m.segment,
                                 attempt,
+                                enqueued_at_ms: Some(m.enqueued_at_ms),
                                 ticket,
                             }));
                         }
@@ -320,6 +321,22 @@ impl SegmentQueue for Consumer {
 
     async fn requeue(&self, ticket: Ticket) -> Result<(), SeamError> {
         Ok(self.settle_inner(ticket, Action::Requeue).await?)
+    }
+
+    async fn fail(&self, ticket: Ticket, kind: &str, reason: &str) -> Result<(), SeamError> {
+        let decision = failure_decision(kind, reason, ticket.attempt);
+        Ok(self.settle(ticket, decision).await?)
+    }
+}
+
+/// The decision for a failure of `kind` on `attempt`, with the error's own words in a
+/// dead letter's reason.
+pub fn failure_decision(kind: &str, reason: &str, attempt: u32) -> Decision {
+    match decide(FailureKind::from_seam_kind(kind), attempt) {
+        Decision::DeadLetter { reason: why } => Decision::DeadLetter {
+            reason: format!("{why}: {kind}: {reason}"),
+        },
+        other => other,
     }
 }
 

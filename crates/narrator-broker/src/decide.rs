@@ -29,7 +29,7 @@ impl FailureKind {
     pub fn from_seam_kind(kind: &str) -> Self {
         match kind {
             "message_malformed" => Self::Malformed,
-            "voice_unknown" | "text_unspeakable" | "input" => Self::Permanent,
+            "voice_unknown" | "unknown_voice" | "text_unspeakable" | "input" => Self::Permanent,
             "already_done" => Self::AlreadyDone,
             "cancelled" => Self::Cancelled,
             _ => Self::Transient,

@@ -24,7 +24,7 @@ mod message;
 mod publisher;
 mod topology;
 
-pub use consumer::{Consumer, Ticket};
+pub use consumer::{Consumer, Ticket, failure_decision};
 pub use decide::{Decision, FailureKind, MAX_ATTEMPTS, decide};
 pub use error::BrokerError;
 pub use message::{MESSAGE_VERSION, SegmentMessage};

@@ -6,6 +6,20 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection};
 
 use crate::{BrokerError, SegmentMessage, work_queue};
 
+/// Persistent JSON with the job id in a header (for operators reading the queue).
+fn segment_properties(message: &SegmentMessage) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-narrator-job".into(),
+        AMQPValue::LongString(LongString::from(message.job_id.as_str())),
+    );
+    BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_timestamp(message.enqueued_at_ms / 1000)
+        .with_headers(headers)
+}
+
 /// A confirm-mode channel that publishes persistent, `mandatory` messages.
 #[derive(Debug, Clone)]
 pub struct Publisher {
@@ -29,18 +43,37 @@ impl Publisher {
     /// Publishes one segment to its voice's work queue and waits for the confirm.
     pub async fn publish(&self, message: &SegmentMessage) -> Result<(), BrokerError> {
         let body = message.encode()?;
-        let mut headers = FieldTable::default();
-        headers.insert(
-            "x-narrator-job".into(),
-            AMQPValue::LongString(LongString::from(message.job_id.as_str())),
-        );
-        let properties = BasicProperties::default()
-            .with_content_type("application/json".into())
-            .with_delivery_mode(2)
-            .with_timestamp(message.enqueued_at_ms / 1000)
-            .with_headers(headers);
-        self.publish_raw("", &work_queue(&message.voice), &body, properties)
+        self.publish_raw("", &work_queue(&message.voice), &body, segment_properties(message))
             .await
+    }
+
+    /// Publishes many segments pipelined: every message is sent, then every confirm
+    /// awaited (one round trip for the lot instead of one per message). `Ok` means the
+    /// broker confirmed all of them; on an error some may have been confirmed, and the
+    /// caller publishes them again (consumers tolerate duplicates).
+    pub async fn publish_batch(&self, messages: &[SegmentMessage]) -> Result<(), BrokerError> {
+        let opts = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let mut pending = Vec::with_capacity(messages.len());
+        for m in messages {
+            let body = m.encode()?;
+            let key = work_queue(&m.voice);
+            let confirm = self
+                .channel
+                .basic_publish("".into(), key.as_str().into(), opts, &body, segment_properties(m))
+                .await
+                .map_err(|e| BrokerError::amqp(format!("basic.publish {key}"), e))?;
+            pending.push((key, confirm));
+        }
+        for (key, confirm) in pending {
+            let confirmation = confirm
+                .await
+                .map_err(|e| BrokerError::amqp(format!("basic.publish {key}"), e))?;
+            self.check("", &key, confirmation)?;
+        }
+        Ok(())
     }
 
     /// Publishes a body (persistent, mandatory) and waits for the confirm; a nack or a

@@ -98,6 +98,9 @@ pub struct Delivery<T> {
     pub segment: crate::Segment,
     /// Delivery attempt, from 1.
     pub attempt: u32,
+    /// When the producer enqueued it (Unix milliseconds), if the queue knows; queue-wait
+    /// figures count from here.
+    pub enqueued_at_ms: Option<u64>,
     /// Acknowledgement handle.
     pub ticket: T,
 }
@@ -116,4 +119,16 @@ pub trait SegmentQueue: Send + Sync {
     fn ack(&self, ticket: Self::Ticket) -> impl Future<Output = Result<(), SeamError>> + Send;
     /// The segment was not done: deliver it again (attempt + 1).
     fn requeue(&self, ticket: Self::Ticket) -> impl Future<Output = Result<(), SeamError>> + Send;
+    /// The segment failed with an error of `kind` (a stable word such as `store_io`) and
+    /// a readable `reason`; the queue decides between a later retry and giving up (a
+    /// networked queue dead-letters it with the reason). The default requeues it.
+    fn fail(
+        &self,
+        ticket: Self::Ticket,
+        kind: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), SeamError>> + Send {
+        let _ = (kind, reason);
+        self.requeue(ticket)
+    }
 }

@@ -46,7 +46,7 @@ impl JobState {
         }
     }
 
-    fn parse(s: &str) -> Result<Self, DbError> {
+    pub(crate) fn parse(s: &str) -> Result<Self, DbError> {
         Ok(match s {
             "queued" => Self::Queued,
             "running" => Self::Running,

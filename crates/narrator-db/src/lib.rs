@@ -14,12 +14,18 @@
 //! The views `job_status`, `segment_figures` and `worker_recent` are documented in the
 //! migration that creates them; they are what a user queries with plain SQL.
 
+mod cluster;
 mod error;
 mod jobs;
 mod segments;
 mod store;
 mod workers;
 
+pub use cluster::{
+    JobSettings, Output, RetryOutcome, SegmentCheck, StoredJob, check_segment,
+    claim_assembly_for, finish_with_outputs, job_outputs, load_job, retry_job, set_settings,
+    take_over_assemblies,
+};
 pub use error::DbError;
 pub use jobs::{
     ChapterProgress, JobState, JobStatus, JobSummary, cancel_job, claim_assembly, create_job,
@@ -50,6 +56,22 @@ pub async fn connect(url: &str) -> Result<PgPool, DbError> {
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     MIGRATOR.run(pool).await?;
     Ok(())
+}
+
+/// Whether every migration this build knows has been applied (`narrator migrate`).
+pub async fn schema_ready(pool: &PgPool) -> Result<bool, DbError> {
+    let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+        .fetch_one(pool)
+        .await
+        .map_err(DbError::Unavailable)?;
+    if exists.is_none() {
+        return Ok(false);
+    }
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(pool)
+            .await?;
+    Ok(MIGRATOR.iter().all(|m| applied.contains(&m.version)))
 }
 
 /// Seconds of a `Duration` as a bind for `make_interval(secs => $n)`.

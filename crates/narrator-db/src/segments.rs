@@ -14,7 +14,6 @@ use sqlx::{PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
 use crate::error::{DbError, int4, int8, unsigned};
-use crate::jobs::parse_pause;
 use crate::secs;
 
 /// What recording a segment did.
@@ -195,17 +194,6 @@ pub async fn unpublished(
     .fetch_all(exec)
     .await?
     .iter()
-    .map(|row| {
-        let pause: String = row.try_get("pause_after")?;
-        Ok((
-            row.try_get("job_id")?,
-            Segment {
-                index: unsigned("idx", i64::from(row.try_get::<i32, _>("idx")?))?,
-                chapter: unsigned("chapter", i64::from(row.try_get::<i32, _>("chapter")?))?,
-                text: row.try_get("text")?,
-                pause_after: parse_pause(&pause)?,
-            },
-        ))
-    })
+    .map(|row| Ok((row.try_get("job_id")?, crate::cluster::segment_row(row)?)))
     .collect()
 }

@@ -23,7 +23,7 @@ pub use local::{JournalStateStore, LocalAudioStore};
 pub use plan::{AudioIdentity, plan_job};
 pub use queue::InProcessQueue;
 pub use runner::{Event, RunOptions, Stages, synthesize_job, work};
-pub use synth::{Prepared, Synthesizer};
+pub use synth::{Fault, Prepared, Synthesizer};
 
 /// What can stop a job.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +71,12 @@ pub enum PipelineError {
     /// The manifest could not be encoded.
     #[error("cannot encode manifest.json: {0}")]
     Manifest(#[source] serde_json::Error),
+    /// A failure injected by a test's [`synth::Fault`] hook.
+    #[error("segment {index} cannot be spoken (failure injected by a test hook)")]
+    Injected {
+        /// The segment that triggered it.
+        index: u32,
+    },
     /// A bug.
     #[error("internal error: {0}")]
     Internal(&'static str),
@@ -89,6 +95,7 @@ impl PipelineError {
             PipelineError::Incomplete { .. } => "incomplete",
             PipelineError::Task(_) => "task",
             PipelineError::Manifest(_) => "manifest",
+            PipelineError::Injected { .. } => "text_unspeakable",
             PipelineError::Internal(_) => "internal",
         }
     }

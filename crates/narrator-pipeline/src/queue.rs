@@ -107,6 +107,7 @@ impl SegmentQueue for InProcessQueue {
                         job_id: item.job_id.clone(),
                         segment: item.segment.clone(),
                         attempt: item.attempt,
+                        enqueued_at_ms: None,
                         ticket: Ticket(item),
                     }));
                 }

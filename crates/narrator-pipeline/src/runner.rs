@@ -51,6 +51,29 @@ pub struct RunOptions {
     pub max_batch: usize,
     /// Batches in flight at once.
     pub in_flight: usize,
+    /// `false` (embedded): the first failure requeues its batch and ends [`work`] with
+    /// the error. `true` (distributed): a failure is handed to [`SegmentQueue::fail`]
+    /// for the segments it concerns and work goes on; a failed batch of several segments
+    /// is run again one segment at a time, so one bad segment never takes the others
+    /// with it.
+    pub isolate_failures: bool,
+    /// When this turns `true`, no new batch starts: the batches in flight finish (stored,
+    /// recorded, acknowledged) and [`work`] returns; deliveries not started stay
+    /// unacknowledged for the queue to hand out again.
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl RunOptions {
+    /// Embedded defaults: stop at the first failure, no stop signal.
+    pub fn embedded(worker: String, max_batch: usize, in_flight: usize) -> Self {
+        Self {
+            worker,
+            max_batch,
+            in_flight,
+            isolate_failures: false,
+            stop: None,
+        }
+    }
 }
 
 /// Segments of `plan` not yet finished according to both stores.
@@ -136,6 +159,128 @@ where
 
 type Ready<T> = (Prepared, Delivery<T>);
 
+/// A prepared item that could not be used.
+enum Failed<T> {
+    /// Stops the worker loop.
+    Fatal(PipelineError),
+    /// Concerns this delivery only (isolating mode).
+    Segment(Delivery<T>, PipelineError),
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Synthesizes one batch, stores and records each segment, then acknowledges it.
+async fn run_batch<Q, A, S>(
+    batch: Vec<Ready<Q::Ticket>>,
+    stages: &Stages<A, S>,
+    queue: &Q,
+    worker: &str,
+    max_batch: usize,
+    isolate: bool,
+) -> Result<Vec<SegmentRecord>, PipelineError>
+where
+    Q: SegmentQueue,
+    A: AudioStore,
+    S: StateStore,
+{
+    let started_ms = unix_ms();
+    let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+    let backup = (isolate && prepared.len() > 1).then(|| prepared.clone());
+    let done = match stages.synth.synthesize(prepared, max_batch).await {
+        Ok(d) => d.into_iter().zip(deliveries).map(|(s, d)| (Ok(s), d)).collect(),
+        Err(e) if !isolate => {
+            for d in deliveries {
+                let _ = queue.requeue(d.ticket).await;
+            }
+            return Err(e);
+        }
+        Err(e) => match backup {
+            None => {
+                // At most one delivery (a larger batch keeps a backup).
+                let mut err = Some(e);
+                deliveries
+                    .into_iter()
+                    .map(|d| {
+                        let e = err.take().unwrap_or(PipelineError::Internal("batch failed"));
+                        (Err(e), d)
+                    })
+                    .collect()
+            }
+            Some(prepared) => {
+            // Find the segment(s) at fault: each alone.
+            let mut each = Vec::with_capacity(deliveries.len());
+            for (p, d) in prepared.into_iter().zip(deliveries) {
+                let r = stages.synth.synthesize(vec![p], max_batch).await;
+                each.push((r.map(|mut v| v.remove(0)), d));
+            }
+            each
+            }
+        },
+    };
+    let mut records = Vec::with_capacity(done.len());
+    for (result, d) in done {
+        let stored = match result {
+            Ok(s) => {
+                let at = (d.job_id.as_str(), d.attempt, d.enqueued_at_ms);
+                store_one(s, at, stages, worker, started_ms).await
+            }
+            Err(e) => Err(e),
+        };
+        match stored {
+            Ok(record) => {
+                queue.ack(d.ticket).await?;
+                (stages.on_event)(Event::SegmentDone {
+                    record: record.clone(),
+                });
+                records.push(record);
+            }
+            Err(e) if isolate => {
+                tracing::warn!(job = %d.job_id, segment = d.segment.index, attempt = d.attempt, error = %e, "segment failed");
+                queue.fail(d.ticket, e.kind(), &e.to_string()).await?;
+            }
+            Err(e) => {
+                let _ = queue.requeue(d.ticket).await;
+                return Err(e);
+            }
+        }
+    }
+    Ok(records)
+}
+
+async fn store_one<A: AudioStore, S: StateStore>(
+    s: crate::synth::Synthesized,
+    (job_id, attempt, enqueued_at_ms): (&str, u32, Option<u64>),
+    stages: &Stages<A, S>,
+    worker: &str,
+    started_ms: u64,
+) -> Result<SegmentRecord, PipelineError> {
+    let index = s.prepared.segment.index;
+    stages.store.put_segment(job_id, index, &s.audio).await?;
+    let queue_wait_seconds = match enqueued_at_ms {
+        Some(at) => started_ms.saturating_sub(at) as f64 / 1000.0,
+        None => s.queue_wait_seconds,
+    };
+    let record = SegmentRecord {
+        index,
+        samples: s.audio.samples.len() as u64,
+        sample_rate: s.audio.sample_rate,
+        audio_seconds: s.audio.seconds(),
+        inference_seconds: s.inference_seconds,
+        queue_wait_seconds,
+        batch_size: s.batch_size,
+        attempts: attempt,
+        worker: worker.to_string(),
+        phoneme_ids: s.prepared.total_ids() as u32,
+    };
+    stages.state.record_segment(job_id, &record).await?;
+    Ok(record)
+}
+
 /// The worker loop: pulls segments from `queue` until it ends, phonemizing ahead on
 /// blocking threads, batching what is ready, and acknowledging each segment only after
 /// its audio is stored and its figures recorded. Returns the records it made.
@@ -150,8 +295,9 @@ where
     S: StateStore + 'static,
 {
     let (synth, on_event) = (&stages.synth, &stages.on_event);
-    let (tx, mut rx) = mpsc::channel::<Result<Ready<Q::Ticket>, PipelineError>>(64);
+    let (tx, mut rx) = mpsc::channel::<Result<Ready<Q::Ticket>, Failed<Q::Ticket>>>(64);
     let (pq, ps) = (queue.clone(), synth.clone());
+    let isolate = opts.isolate_failures;
     let prep = tokio::spawn(async move {
         loop {
             let item = match pq.next().await {
@@ -159,14 +305,15 @@ where
                     let (s, seg) = (ps.clone(), d.segment.clone());
                     match tokio::task::spawn_blocking(move || s.prepare(seg)).await {
                         Ok(Ok(p)) => Ok((p, d)),
-                        Ok(Err(e)) => Err(e),
-                        Err(e) => Err(PipelineError::Task(e.to_string())),
+                        Ok(Err(e)) if isolate => Err(Failed::Segment(d, e)),
+                        Ok(Err(e)) => Err(Failed::Fatal(e)),
+                        Err(e) => Err(Failed::Fatal(PipelineError::Task(e.to_string()))),
                     }
                 }
                 Ok(None) => break,
-                Err(e) => Err(e.into()),
+                Err(e) => Err(Failed::Fatal(e.into())),
             };
-            let stop = item.is_err();
+            let stop = matches!(item, Err(Failed::Fatal(_)));
             if tx.send(item).await.is_err() || stop {
                 break;
             }
@@ -176,9 +323,14 @@ where
     let slots = Arc::new(Semaphore::new(opts.in_flight.max(1)));
     let mut tasks: JoinSet<Result<Vec<SegmentRecord>, PipelineError>> = JoinSet::new();
     let max_batch = opts.max_batch.max(1);
+    let isolate = opts.isolate_failures;
+    let mut stop = opts.stop.clone();
     let mut finished = Vec::new();
     let mut failure = None;
     'outer: loop {
+        if stop.as_ref().is_some_and(|s| *s.borrow()) {
+            break;
+        }
         // Wait for a free slot first, then take whatever is ready: under load the batch
         // fills with everything that arrived while the engine was busy.
         let permit = slots
@@ -186,21 +338,38 @@ where
             .acquire_owned()
             .await
             .map_err(|_| PipelineError::Internal("semaphore closed"))?;
-        let Some(first) = rx.recv().await else { break };
+        let first = match stop.as_mut() {
+            Some(s) => tokio::select! {
+                biased;
+                _ = s.wait_for(|v| *v) => break,
+                item = rx.recv() => item,
+            },
+            None => rx.recv().await,
+        };
+        let Some(first) = first else { break };
         let mut batch: Vec<Ready<Q::Ticket>> = Vec::with_capacity(max_batch);
         let mut next = Some(first);
         while let Some(item) = next.take() {
             match item {
                 Ok(r) => batch.push(r),
-                Err(e) => {
+                Err(Failed::Fatal(e)) => {
                     failure = Some(e);
                     break 'outer;
+                }
+                Err(Failed::Segment(d, e)) => {
+                    if let Err(e) = queue.fail(d.ticket, e.kind(), &e.to_string()).await {
+                        failure = Some(e.into());
+                        break 'outer;
+                    }
                 }
             }
             let utterances: usize = batch.iter().map(|(p, _)| p.utterances.len()).sum();
             if utterances < max_batch {
                 next = rx.try_recv().ok();
             }
+        }
+        if batch.is_empty() {
+            continue;
         }
         batch.sort_by_key(|(p, _)| p.max_len());
         for (p, _) in &batch {
@@ -212,50 +381,12 @@ where
                 )));
             }
         }
-        let Stages {
-            synth,
-            store,
-            state,
-            on_event,
-        } = stages.clone();
+        let stages = stages.clone();
         let queue = queue.clone();
         let worker = opts.worker.clone();
         tasks.spawn(async move {
             let _permit = permit;
-            let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            let done = match synth.synthesize(prepared, max_batch).await {
-                Ok(d) => d,
-                Err(e) => {
-                    for d in deliveries {
-                        let _ = queue.requeue(d.ticket).await;
-                    }
-                    return Err(e);
-                }
-            };
-            let mut records = Vec::with_capacity(done.len());
-            for (s, d) in done.into_iter().zip(deliveries) {
-                let index = s.prepared.segment.index;
-                store.put_segment(&d.job_id, index, &s.audio).await?;
-                let record = SegmentRecord {
-                    index,
-                    samples: s.audio.samples.len() as u64,
-                    sample_rate: s.audio.sample_rate,
-                    audio_seconds: s.audio.seconds(),
-                    inference_seconds: s.inference_seconds,
-                    queue_wait_seconds: s.queue_wait_seconds,
-                    batch_size: s.batch_size,
-                    attempts: d.attempt,
-                    worker: worker.clone(),
-                    phoneme_ids: s.prepared.total_ids() as u32,
-                };
-                state.record_segment(&d.job_id, &record).await?;
-                queue.ack(d.ticket).await?;
-                on_event(Event::SegmentDone {
-                    record: record.clone(),
-                });
-                records.push(record);
-            }
-            Ok(records)
+            run_batch(batch, &stages, &*queue, &worker, max_batch, isolate).await
         });
         // Reap finished batches as we go so an error stops the job early.
         while let Some(done) = tasks.try_join_next() {

@@ -85,7 +85,21 @@ pub struct Synthesizer {
     pool: EnginePool,
     scales: Scales,
     sample_rate: u32,
+    fault: Option<FaultHook>,
 }
+
+struct FaultHook(Fault);
+
+impl std::fmt::Debug for FaultHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FaultHook")
+    }
+}
+
+/// A test hook: segments for which it returns `true` make their whole engine run fail
+/// (as a NaN or a kernel error caused by one item would). Set only by test and
+/// fault-injection set-ups, never by default.
+pub type Fault = Arc<dyn Fn(&Segment) -> bool + Send + Sync>;
 
 impl Synthesizer {
     /// Builds the synthesizer for `voice` on a started pool.
@@ -103,7 +117,14 @@ impl Synthesizer {
             pool,
             scales,
             sample_rate: voice.config.sample_rate,
+            fault: None,
         })
+    }
+
+    /// Installs a [`Fault`] hook (fault-injection tests only).
+    pub fn with_fault(mut self, fault: Fault) -> Self {
+        self.fault = Some(FaultHook(fault));
+        self
     }
 
     /// The voice's sample rate.
@@ -152,6 +173,13 @@ impl Synthesizer {
         max_items: usize,
     ) -> Result<Vec<Synthesized>, PipelineError> {
         let started = Instant::now();
+        if let Some(FaultHook(fault)) = &self.fault
+            && let Some(p) = batch.iter().find(|p| fault(&p.segment))
+        {
+            return Err(PipelineError::Injected {
+                index: p.segment.index,
+            });
+        }
         let items: Vec<&[i64]> = batch
             .iter()
             .flat_map(|p| p.utterances.iter().map(Vec::as_slice))

@@ -76,11 +76,7 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
     .expect("pool");
     let dir = tempfile::tempdir().expect("tmp");
     let stages = local_stages(pool, dir.path());
-    let opts = RunOptions {
-        worker: "test".into(),
-        max_batch: 8,
-        in_flight: 3,
-    };
+    let opts = RunOptions::embedded("test".into(), 8, 3);
     let records = synthesize_job(&plan, &stages, &opts)
         .await
         .expect("synthesize");
@@ -176,11 +172,7 @@ async fn an_engine_failure_stops_the_job_and_keeps_finished_segments() {
     .expect("pool");
     let dir = tempfile::tempdir().expect("tmp");
     let stages = local_stages(pool, dir.path());
-    let opts = RunOptions {
-        worker: "test".into(),
-        max_batch: 1,
-        in_flight: 1,
-    };
+    let opts = RunOptions::embedded("test".into(), 1, 1);
     let err = synthesize_job(&plan, &stages, &opts)
         .await
         .expect_err("must fail");

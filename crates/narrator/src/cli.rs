@@ -87,6 +87,158 @@ pub(crate) enum Command {
     Synth(SynthArgs),
     /// List installed voices.
     Voices(VoicesArgs),
+    /// Enqueue books for the workers: records each job and its segments in Postgres and
+    /// publishes one message per segment to RabbitMQ. Prints the job ids.
+    Submit(SubmitArgs),
+    /// Synthesize segments from RabbitMQ into S3, recording figures in Postgres, and
+    /// assemble finished jobs. SIGTERM or Ctrl-C: finish the batches in flight, then exit.
+    Worker(WorkerArgs),
+    /// A job's state, progress, figures and outputs (with presigned URLs).
+    Status(StatusArgs),
+    /// Recent jobs.
+    Jobs(JobsArgs),
+    /// Workers seen in the last minute, with their plans and recent RTF.
+    Workers(WorkersArgs),
+    /// Stop further work on a job.
+    Cancel(JobArgs),
+    /// Put a failed job back to work (its failed segments are enqueued again).
+    Retry(JobArgs),
+    /// Create or update the database schema.
+    Migrate(MigrateArgs),
+}
+
+/// Where the services are. Secrets come from the environment and are never printed.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct ServiceArgs {
+    /// Postgres URL [default: postgres://postgres@127.0.0.1:5432/postgres].
+    #[arg(
+        long,
+        env = "NARRATOR_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    pub(crate) database_url: String,
+    /// RabbitMQ URL [default: amqp://127.0.0.1:5672/%2f as guest].
+    #[arg(
+        long,
+        env = "NARRATOR_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    pub(crate) amqp_url: String,
+    /// S3 endpoint for S3-compatible servers (MinIO, ...); path-style addressing. Unset:
+    /// AWS. Credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY.
+    #[arg(long, env = "NARRATOR_S3_ENDPOINT")]
+    pub(crate) s3_endpoint: Option<String>,
+    /// Bucket for segment audio and outputs.
+    #[arg(long, env = "NARRATOR_S3_BUCKET", default_value = "narrator")]
+    pub(crate) s3_bucket: String,
+    /// S3 region.
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    pub(crate) s3_region: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    /// Books (.txt, .md, .epub) or folders of them (searched recursively).
+    #[arg(required = true)]
+    pub(crate) inputs: Vec<PathBuf>,
+    /// Voice name (see `narrator voices`).
+    #[arg(long, env = "NARRATOR_VOICE", default_value = "en_US-joe-medium")]
+    pub(crate) voice: String,
+    /// Audio format of the outputs: wav, opus or mp3.
+    #[arg(long, default_value = "opus")]
+    pub(crate) format: String,
+    /// Priority recorded with the job (listed by `narrator jobs`).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) priority: i32,
+    /// One JSON object per job per line.
+    #[arg(long)]
+    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) text: TextArgs,
+    #[command(flatten)]
+    pub(crate) services: ServiceArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// Voices to serve, comma-separated (default: --voice).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) voices: Vec<String>,
+    /// Unacknowledged messages held per voice (default: enough for the batches in flight).
+    #[arg(long, env = "NARRATOR_PREFETCH")]
+    pub(crate) prefetch: Option<u16>,
+    /// Name in the workers table and segment figures (default: HOST:PID).
+    #[arg(long, env = "NARRATOR_WORKER_ID")]
+    pub(crate) id: Option<String>,
+    /// Republish segments the producer committed but never confirmed published after
+    /// this many seconds (the outbox reconciler).
+    #[arg(long, default_value_t = 30)]
+    pub(crate) reconcile_after: u64,
+    /// Seconds between heartbeats; another worker takes over an assembly whose
+    /// assembler missed heartbeats for 6 times this.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) heartbeat: u64,
+    /// Engine: `onnx` (the voice's model) or `null` (silence of the right length,
+    /// instantly: for control-plane benchmarks and tests).
+    #[arg(long, default_value = "onnx", hide = true)]
+    pub(crate) engine: String,
+    #[command(flatten)]
+    pub(crate) engine_args: EngineArgs,
+    #[command(flatten)]
+    pub(crate) services: ServiceArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// Job id.
+    pub(crate) job: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Refresh every 2 s until the job ends.
+    #[arg(long)]
+    pub(crate) watch: bool,
+    #[command(flatten)]
+    pub(crate) services: ServiceArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct JobsArgs {
+    /// How many, newest first.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) limit: u32,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) services: ServiceArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WorkersArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) services: ServiceArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct JobArgs {
+    /// Job id.
+    pub(crate) job: String,
+    #[command(flatten)]
+    pub(crate) services: ServiceArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct MigrateArgs {
+    #[command(flatten)]
+    pub(crate) services: ServiceArgs,
 }
 
 #[derive(Debug, Args)]

@@ -66,3 +66,24 @@ pub(crate) fn load(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyhow::Re
         in_flight: sessions + 1,
     })
 }
+
+/// The voice's phonemizer with the null engine (silence of the right length, instantly):
+/// everything around inference runs for real, for control-plane benchmarks and tests.
+pub(crate) fn load_null(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyhow::Result<Loaded> {
+    let pool = EnginePool::start_with(1, |_| {
+        Ok(Box::new(narrator_engine::NullBackend::default()) as Box<dyn narrator_engine::Backend>)
+    })?;
+    let d = voice.config.scales;
+    let scales = Scales {
+        noise: args.noise_scale.unwrap_or(d.noise),
+        length: args.length_scale.unwrap_or(d.length),
+        noise_w: args.noise_w.unwrap_or(d.noise_w),
+    };
+    let phonemizer = Phonemizer::new(&paths.espeak_parent)?;
+    let synth = Synthesizer::new(&voice, phonemizer, pool, scales)?;
+    Ok(Loaded {
+        synth,
+        max_batch: args.max_batch.unwrap_or(32),
+        in_flight: 4,
+    })
+}

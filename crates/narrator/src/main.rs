@@ -1,6 +1,7 @@
 //! The `narrator` command: wiring of the crates, one clear line per error.
 
 mod cli;
+mod cluster;
 mod engine;
 mod paths;
 mod progress;
@@ -58,11 +59,20 @@ fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
-    let paths = Paths::resolve(&cli.global)?;
+    // Only the commands that phonemize or synthesize need the data folder.
+    let paths = || Paths::resolve(&cli.global);
     match cli.command {
-        Command::Run(a) => run::run(&paths, a).await,
-        Command::Synth(a) => run::synth(&paths, a).await,
-        Command::Voices(a) => voices(&paths, a),
+        Command::Run(a) => run::run(&paths()?, a).await,
+        Command::Synth(a) => run::synth(&paths()?, a).await,
+        Command::Voices(a) => voices(&paths()?, a),
+        Command::Submit(a) => cluster::submit::submit(&paths()?, a).await,
+        Command::Worker(a) => cluster::worker::worker(&paths()?, a).await,
+        Command::Status(a) => cluster::admin::status(a).await,
+        Command::Jobs(a) => cluster::admin::jobs(a).await,
+        Command::Workers(a) => cluster::admin::workers(a).await,
+        Command::Cancel(a) => cluster::admin::cancel(a).await,
+        Command::Retry(a) => cluster::admin::retry(a).await,
+        Command::Migrate(a) => cluster::admin::migrate(a).await,
     }
 }
 
@@ -101,7 +111,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    // The worker handles its own signals (it drains its batches in flight).
+    let handles_signals = matches!(cli.command, Command::Worker(_));
     let result = rt.block_on(async {
+        if handles_signals {
+            return Some(dispatch(cli).await);
+        }
         tokio::select! {
             r = dispatch(cli) => Some(r),
             _ = shutdown_signal() => None,
@@ -125,7 +140,7 @@ fn main() -> std::process::ExitCode {
 }
 
 /// The error and its causes on one line, without repeating a cause the message already shows.
-fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in e.chain() {
         let s = cause.to_string();

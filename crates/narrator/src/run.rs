@@ -31,14 +31,14 @@ struct JobState {
     wall_seconds: f64,
 }
 
-fn load_options(t: &TextArgs) -> LoadOptions {
+pub(crate) fn load_options(t: &TextArgs) -> LoadOptions {
     LoadOptions {
         max_bytes: t.max_input_mb.saturating_mul(1024 * 1024),
         ..LoadOptions::default()
     }
 }
 
-fn pauses(t: &TextArgs) -> Pauses {
+pub(crate) fn pauses(t: &TextArgs) -> Pauses {
     Pauses {
         sentence_ms: t.sentence_pause_ms,
         paragraph_ms: t.paragraph_pause_ms,
@@ -46,7 +46,7 @@ fn pauses(t: &TextArgs) -> Pauses {
     }
 }
 
-fn identity_digest(voice: &narrator_engine::Voice) -> String {
+pub(crate) fn identity_digest(voice: &narrator_engine::Voice) -> String {
     let size = std::fs::metadata(&voice.model_path)
         .map(|m| m.len())
         .unwrap_or(0);
@@ -225,11 +225,7 @@ async fn produce(
         }
         p.event(&e);
     });
-    let opts = RunOptions {
-        worker: worker_name(),
-        max_batch: loaded.max_batch,
-        in_flight: loaded.in_flight,
-    };
+    let opts = RunOptions::embedded(worker_name(), loaded.max_batch, loaded.in_flight);
     let stages = Stages {
         synth,
         store: store.clone(),
@@ -256,14 +252,14 @@ async fn produce(
     Ok(Outcome { manifest, resumed })
 }
 
-fn worker_name() -> String {
+pub(crate) fn worker_name() -> String {
     let host = std::fs::read_to_string("/etc/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "local".into());
     format!("{host}:{}", std::process::id())
 }
 
-fn file_stem(p: &Path) -> String {
+pub(crate) fn file_stem(p: &Path) -> String {
     p.file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("book")

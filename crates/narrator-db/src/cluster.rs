@@ -1,0 +1,304 @@
+//! What the distributed worker and the `retry` command need beyond the basic state
+//! machine: per-delivery checks, assembly claims that survive a dead assembler, the
+//! plan rebuilt from the rows, outputs, and putting a failed job back to work.
+
+use std::time::Duration;
+
+use narrator_core::{ChapterPlan, JobPlan, Segment};
+use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
+use sqlx::postgres::PgRow;
+use sqlx::{PgExecutor, PgPool, Row};
+use uuid::Uuid;
+
+use crate::error::{DbError, int4, unsigned};
+use crate::jobs::{JobState, parse_pause};
+use crate::secs;
+
+/// A segment from a row with `idx, chapter, text, pause_after`.
+pub(crate) fn segment_row(r: &PgRow) -> Result<Segment, DbError> {
+    let pause: String = r.try_get("pause_after")?;
+    Ok(Segment {
+        index: unsigned("idx", i64::from(r.try_get::<i32, _>("idx")?))?,
+        chapter: unsigned("chapter", i64::from(r.try_get::<i32, _>("chapter")?))?,
+        text: r.try_get("text")?,
+        pause_after: parse_pause(&pause)?,
+    })
+}
+
+/// What a worker must know about a delivered segment before it spends time on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentCheck {
+    /// Synthesize it.
+    Work,
+    /// Already recorded done (a redelivery): acknowledge without work.
+    AlreadyDone,
+    /// Its job was cancelled, failed or finished: drop it.
+    JobEnded(JobState),
+    /// No such job or segment (deleted, or another database): drop it.
+    Unknown,
+}
+
+/// One query per delivery: the job's state and the segment's.
+pub async fn check_segment(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+    index: u32,
+) -> Result<SegmentCheck, DbError> {
+    let row = sqlx::query(
+        "SELECT j.state AS job_state, s.state AS seg_state FROM segments s \
+         JOIN jobs j ON j.id = s.job_id WHERE s.job_id = $1 AND s.idx = $2",
+    )
+    .bind(job)
+    .bind(int4("segment index", index)?)
+    .fetch_optional(exec)
+    .await?;
+    let Some(row) = row else {
+        return Ok(SegmentCheck::Unknown);
+    };
+    let job_state = JobState::parse(&row.try_get::<String, _>("job_state")?)?;
+    let seg: String = row.try_get("seg_state")?;
+    Ok(if seg == "done" {
+        SegmentCheck::AlreadyDone
+    } else if job_state.is_final() {
+        SegmentCheck::JobEnded(job_state)
+    } else {
+        SegmentCheck::Work
+    })
+}
+
+/// Settings the producer chose that the assembler applies.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct JobSettings {
+    /// Silence after a sentence, ms.
+    pub sentence_pause_ms: u32,
+    /// Silence after a paragraph, ms.
+    pub paragraph_pause_ms: u32,
+    /// Silence between chapters in the book file, ms.
+    pub chapter_pause_ms: u32,
+}
+
+impl Default for JobSettings {
+    fn default() -> Self {
+        Self {
+            sentence_pause_ms: 250,
+            paragraph_pause_ms: 600,
+            chapter_pause_ms: 1500,
+        }
+    }
+}
+
+/// Stores a job's settings (right after [`crate::create_job`], before publishing).
+pub async fn set_settings(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+    settings: &JobSettings,
+) -> Result<(), DbError> {
+    let n = sqlx::query("UPDATE jobs SET settings = $2 WHERE id = $1")
+        .bind(job)
+        .bind(Json(settings))
+        .execute(exec)
+        .await?
+        .rows_affected();
+    if n == 0 {
+        return Err(DbError::JobNotFound(job));
+    }
+    Ok(())
+}
+
+/// Moves a finished `running` job to `assembling` for `worker` (exactly one caller wins).
+pub async fn claim_assembly_for(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+    worker: &str,
+) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE jobs SET state = 'assembling', assembler = $2, assembly_started_at = now() \
+         WHERE id = $1 AND state = 'running' AND segments_done = segments_total",
+    )
+    .bind(job)
+    .bind(worker)
+    .execute(exec)
+    .await?
+    .rows_affected();
+    Ok(n > 0)
+}
+
+/// Jobs `worker` takes over: finished but never claimed (the recording worker died
+/// between its record and its claim), or assembling by a worker whose heartbeat is
+/// older than `stale` (it died assembling). One statement; each job goes to one caller.
+pub async fn take_over_assemblies(
+    exec: impl PgExecutor<'_>,
+    worker: &str,
+    stale: Duration,
+) -> Result<Vec<Uuid>, DbError> {
+    let rows = sqlx::query(
+        "UPDATE jobs j SET state = 'assembling', assembler = $1, assembly_started_at = now() \
+         WHERE j.id IN ( \
+           SELECT id FROM jobs WHERE \
+             (state = 'running' AND segments_done = segments_total) \
+             OR (state = 'assembling' AND assembly_started_at < now() - make_interval(secs => $2) \
+                 AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = jobs.assembler \
+                                 AND w.last_seen > now() - make_interval(secs => $2))) \
+           FOR UPDATE SKIP LOCKED) \
+         RETURNING j.id",
+    )
+    .bind(worker)
+    .bind(secs(stale))
+    .fetch_all(exec)
+    .await?;
+    rows.iter()
+        .map(|r| r.try_get("id").map_err(DbError::from))
+        .collect()
+}
+
+/// A job as the assembler needs it: the plan rebuilt from the rows (its `job_id` is the
+/// job's UUID, which names its audio in the store), the format and the settings.
+#[derive(Debug, Clone)]
+pub struct StoredJob {
+    /// The plan.
+    pub plan: JobPlan,
+    /// Output format word.
+    pub format: String,
+    /// Pauses.
+    pub settings: JobSettings,
+    /// Current state.
+    pub state: JobState,
+}
+
+/// Loads a job's plan, format and settings.
+pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
+    let row = sqlx::query(
+        "SELECT title, source, voice, format, state, chapters, warnings, settings \
+         FROM jobs WHERE id = $1",
+    )
+    .bind(job)
+    .fetch_optional(pool)
+    .await?
+    .ok_or(DbError::JobNotFound(job))?;
+    let Json(chapters): Json<Vec<ChapterPlan>> = row.try_get("chapters")?;
+    let Json(warnings): Json<Vec<String>> = row.try_get("warnings")?;
+    let Json(settings): Json<serde_json::Value> = row.try_get("settings")?;
+    let settings = serde_json::from_value(settings).unwrap_or_default();
+    let segments = sqlx::query(
+        "SELECT idx, chapter, text, pause_after FROM segments WHERE job_id = $1 ORDER BY idx",
+    )
+    .bind(job)
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(segment_row)
+    .collect::<Result<Vec<_>, DbError>>()?;
+    Ok(StoredJob {
+        plan: JobPlan {
+            job_id: job.to_string(),
+            title: row.try_get("title")?,
+            source: row.try_get("source")?,
+            voice: row.try_get("voice")?,
+            chapters,
+            segments,
+            warnings,
+        },
+        format: row.try_get("format")?,
+        settings,
+        state: JobState::parse(&row.try_get::<String, _>("state")?)?,
+    })
+}
+
+/// One published output of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Output {
+    /// Object key in the bucket.
+    pub key: String,
+    /// `book`, `chapter` or `manifest`.
+    pub kind: String,
+    /// File name.
+    pub name: String,
+    /// Duration (0 for the manifest).
+    pub seconds: f64,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// Marks an assembling job done with its outputs; `book_seconds` becomes its
+/// `audio_seconds`. `false` if it was not assembling (cancelled meanwhile, or done by
+/// another assembler).
+pub async fn finish_with_outputs(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+    book_seconds: f64,
+    outputs: &[Output],
+) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE jobs SET state = 'done', finished_at = now(), audio_seconds = $2, outputs = $3 \
+         WHERE id = $1 AND state = 'assembling'",
+    )
+    .bind(job)
+    .bind(book_seconds)
+    .bind(Json(outputs))
+    .execute(exec)
+    .await?
+    .rows_affected();
+    Ok(n > 0)
+}
+
+/// A job's published outputs (empty until it is done).
+pub async fn job_outputs(exec: impl PgExecutor<'_>, job: Uuid) -> Result<Vec<Output>, DbError> {
+    let row = sqlx::query("SELECT outputs FROM jobs WHERE id = $1")
+        .bind(job)
+        .fetch_optional(exec)
+        .await?
+        .ok_or(DbError::JobNotFound(job))?;
+    let Json(outputs): Json<Vec<Output>> = row.try_get("outputs")?;
+    Ok(outputs)
+}
+
+/// Why a job cannot be retried.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryOutcome {
+    /// Put back to work; these segments must be published again.
+    Retried(Vec<Segment>),
+    /// Only failed jobs can be retried; it is in this state.
+    NotFailed(JobState),
+}
+
+/// Puts a failed job back to work: its failed segments become pending and unpublished
+/// (attempts reset), the job `running` (or `queued` if nothing was done). The caller
+/// publishes the returned segments and marks them published; should it die first, the
+/// reconciler does. A job whose segments are all done goes back to `running`, and a
+/// worker's sweep assembles it.
+pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError> {
+    let mut tx = pool.begin().await?;
+    let row = sqlx::query("SELECT state FROM jobs WHERE id = $1 FOR UPDATE")
+        .bind(job)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(DbError::JobNotFound(job))?;
+    let state = JobState::parse(&row.try_get::<String, _>("state")?)?;
+    if state != JobState::Failed {
+        return Ok(RetryOutcome::NotFailed(state));
+    }
+    let rows = sqlx::query(
+        "UPDATE segments SET state = 'pending', attempts = 0, published_at = NULL, \
+         failure_kind = NULL, failure_reason = NULL \
+         WHERE job_id = $1 AND state <> 'done' RETURNING idx, chapter, text, pause_after",
+    )
+    .bind(job)
+    .fetch_all(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE jobs SET state = CASE WHEN segments_done > 0 THEN 'running' ELSE 'queued' END, \
+         finished_at = NULL, failure_kind = NULL, failure_reason = NULL, assembler = NULL, \
+         assembly_started_at = NULL WHERE id = $1",
+    )
+    .bind(job)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let mut segments = rows
+        .iter()
+        .map(segment_row)
+        .collect::<Result<Vec<_>, DbError>>()?;
+    segments.sort_by_key(|s| s.index);
+    Ok(RetryOutcome::Retried(segments))
+}

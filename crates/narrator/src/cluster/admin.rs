@@ -1,0 +1,234 @@
+//! The read and control commands: `status`, `jobs`, `workers`, `cancel`, `retry`,
+//! `migrate`.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use narrator_broker::Publisher;
+use narrator_db::{JobState, JobStatus, RetryOutcome};
+
+use crate::cli::{JobArgs, JobsArgs, MigrateArgs, StatusArgs, WorkersArgs};
+use crate::cluster::{self, PRESIGN_FOR, submit::publish_segments};
+use crate::progress::hms;
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"))
+}
+
+async fn status_json(
+    st: &JobStatus,
+    outputs: &[(narrator_db::Output, Option<String>)],
+) -> serde_json::Value {
+    let mut v = serde_json::to_value(st).unwrap_or_default();
+    v["outputs"] = outputs
+        .iter()
+        .map(|(o, url)| {
+            serde_json::json!({
+                "key": o.key, "kind": o.kind, "name": o.name, "seconds": o.seconds,
+                "bytes": o.bytes, "url": url,
+            })
+        })
+        .collect();
+    v
+}
+
+fn print_status(st: &JobStatus, outputs: &[(narrator_db::Output, Option<String>)]) {
+    let s = &st.summary;
+    println!("job {}  {}  ({}, {})", s.job_id, s.title, s.voice, s.format);
+    println!(
+        "state {}  segments {}/{} ({} failed)  audio {}  rtf {}  wall {} s  latency {} s",
+        s.state.as_str(),
+        s.segments_done,
+        s.segments_total,
+        s.segments_failed,
+        hms(s.audio_seconds),
+        opt(s.rtf, 3),
+        opt(s.wall_seconds, 1),
+        opt(s.latency_seconds, 1),
+    );
+    if let (Some(kind), Some(reason)) = (&s.failure_kind, &s.failure_reason) {
+        println!("failure ({kind}): {reason}");
+    }
+    for c in &st.chapters {
+        println!(
+            "  {:>3}  {:<40}  {:>5}/{:<5} {}",
+            c.index + 1,
+            c.title.chars().take(40).collect::<String>(),
+            c.segments_done,
+            c.segments_total,
+            hms(c.audio_seconds)
+        );
+    }
+    for (o, url) in outputs {
+        println!(
+            "  {:<8} {}  {:.1} s  {} bytes{}",
+            o.kind,
+            o.key,
+            o.seconds,
+            o.bytes,
+            url.as_ref().map(|u| format!("\n           {u}")).unwrap_or_default()
+        );
+    }
+}
+
+/// `narrator status`.
+pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let job = cluster::job_id(&args.job)?;
+    let pool = cluster::database(&args.services).await?;
+    let store = match cluster::store(&args.services).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("warning: no presigned URLs: {}", crate::one_line(&e));
+            None
+        }
+    };
+    loop {
+        let Some(st) = narrator_db::job_status(&pool, job).await? else {
+            bail!("no job {job} in this database (see `narrator jobs`)");
+        };
+        let mut outputs = Vec::new();
+        for o in narrator_db::job_outputs(&pool, job).await? {
+            let url = match &store {
+                Some(s) => s.presign_get(&o.key, PRESIGN_FOR).await.ok(),
+                None => None,
+            };
+            outputs.push((o, url));
+        }
+        if args.json {
+            println!("{}", status_json(&st, &outputs).await);
+        } else {
+            print_status(&st, &outputs);
+        }
+        if !args.watch || st.summary.state.is_final() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if !args.json {
+            println!();
+        }
+    }
+}
+
+/// `narrator jobs`.
+pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
+    let pool = cluster::database(&args.services).await?;
+    let list = narrator_db::list_jobs(&pool, args.limit).await?;
+    if args.json {
+        println!("{}", serde_json::to_value(&list)?);
+        return Ok(());
+    }
+    if list.is_empty() {
+        println!("no jobs yet (submit one with `narrator submit BOOK`)");
+        return Ok(());
+    }
+    println!(
+        "{:<36}  {:<10}  {:>11}  {:>9}  {:>6}  {:>3}  TITLE",
+        "JOB", "STATE", "SEGMENTS", "AUDIO", "RTF", "PRI"
+    );
+    for j in list {
+        println!(
+            "{:<36}  {:<10}  {:>5}/{:<5}  {:>9}  {:>6}  {:>3}  {}",
+            j.job_id,
+            j.state.as_str(),
+            j.segments_done,
+            j.segments_total,
+            hms(j.audio_seconds),
+            opt(j.rtf, 3),
+            j.priority,
+            j.title
+        );
+    }
+    Ok(())
+}
+
+/// `narrator workers`.
+pub(crate) async fn workers(args: WorkersArgs) -> anyhow::Result<()> {
+    let pool = cluster::database(&args.services).await?;
+    let list = narrator_db::list_workers(&pool, Duration::from_secs(60)).await?;
+    if args.json {
+        println!("{}", serde_json::to_value(&list)?);
+        return Ok(());
+    }
+    if list.is_empty() {
+        println!("no workers seen in the last minute (start one with `narrator worker`)");
+        return Ok(());
+    }
+    println!(
+        "{:<28}  {:<8}  {:>8}  {:>8}  {:>10}  PLAN",
+        "WORKER", "DEVICE", "DONE", "RECENT", "MEDIAN RTF"
+    );
+    for w in list {
+        println!(
+            "{:<28}  {:<8}  {:>8}  {:>8}  {:>10}  {}",
+            w.info.id,
+            w.info.device,
+            w.segments_done,
+            w.recent_segments,
+            opt(w.recent_median_rtf, 3),
+            w.info.plan
+        );
+    }
+    Ok(())
+}
+
+/// `narrator cancel`.
+pub(crate) async fn cancel(args: JobArgs) -> anyhow::Result<()> {
+    let job = cluster::job_id(&args.job)?;
+    let pool = cluster::database(&args.services).await?;
+    if narrator_db::cancel_job(&pool, job).await? {
+        println!("job {job} cancelled; workers drop its remaining segments");
+        return Ok(());
+    }
+    let state = narrator_db::job_status(&pool, job)
+        .await?
+        .map_or(JobState::Cancelled, |s| s.summary.state);
+    bail!("job {job} has already ended ({}): nothing to cancel", state.as_str())
+}
+
+/// `narrator retry`.
+pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
+    let job = cluster::job_id(&args.job)?;
+    let pool = cluster::database(&args.services).await?;
+    let segments = match narrator_db::retry_job(&pool, job).await? {
+        RetryOutcome::Retried(s) => s,
+        RetryOutcome::NotFailed(state) => bail!(
+            "job {job} is {}, not failed: only failed jobs can be retried",
+            state.as_str()
+        ),
+    };
+    let stored = narrator_db::load_job(&pool, job).await?;
+    if !segments.is_empty() {
+        let conn = cluster::broker(&args.services, "narrator-retry").await?;
+        let channel = conn.create_channel().await?;
+        narrator_broker::declare(&channel, &stored.plan.voice).await?;
+        let publisher = Publisher::new(&conn).await?;
+        publish_segments(&pool, &publisher, job, &stored.plan.voice, &segments).await?;
+        let _ = conn.close(200, "done".into()).await;
+    }
+    println!(
+        "job {job} is back to work: {} segments enqueued again{}",
+        segments.len(),
+        if segments.is_empty() {
+            " (all were done; a worker assembles it)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// `narrator migrate`.
+pub(crate) async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    let url = cluster::redact(&args.services.database_url);
+    let pool = narrator_db::connect(&args.services.database_url)
+        .await
+        .with_context(|| format!("database {url}"))?;
+    narrator_db::migrate(&pool)
+        .await
+        .with_context(|| format!("database {url}"))?;
+    println!(
+        "database {} is up to date",
+        cluster::redact(&args.services.database_url)
+    );
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! `narrator submit`: validate every input, then per book record the job (one
+//! transaction) and publish its segments with confirms (the outbox: segments not marked
+//! published are republished by a worker's reconciler).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use narrator_audio::AudioFormat;
+use narrator_broker::{Publisher, SegmentMessage};
+use narrator_core::{JobPlan, Segment};
+use narrator_db::{JobSettings, PgPool, Uuid};
+use narrator_pipeline::{AudioIdentity, plan_job};
+
+use crate::cli::SubmitArgs;
+use crate::cluster;
+use crate::paths::Paths;
+use crate::run::{file_stem, identity_digest, load_options};
+
+/// Messages per publish round trip (and per `mark_published` update).
+pub(crate) const PUBLISH_CHUNK: usize = 1000;
+
+const BOOK_EXTENSIONS: [&str; 5] = ["txt", "md", "markdown", "epub", "text"];
+
+/// The books named by the arguments: files as given, folders searched recursively for
+/// book files (sorted, so a folder's jobs are submitted in a stable order).
+fn expand(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut books = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            let mut found = Vec::new();
+            walk(input, &mut found)?;
+            if found.is_empty() {
+                bail!(
+                    "folder {} holds no books (.txt, .md, .epub)",
+                    input.display()
+                );
+            }
+            found.sort();
+            books.extend(found);
+        } else {
+            books.push(input.clone());
+        }
+    }
+    Ok(books)
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot read folder {}", dir.display()))?;
+    for entry in entries {
+        let path = entry
+            .with_context(|| format!("cannot read folder {}", dir.display()))?
+            .path();
+        let hidden = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with('.'));
+        if hidden {
+            continue;
+        }
+        if path.is_dir() {
+            walk(&path, out)?;
+        } else if path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| BOOK_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+        {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Publishes `segments` of `job` in chunks, marking each confirmed chunk published.
+pub(crate) async fn publish_segments(
+    pool: &PgPool,
+    publisher: &Publisher,
+    job: Uuid,
+    voice: &str,
+    segments: &[Segment],
+) -> anyhow::Result<()> {
+    for chunk in segments.chunks(PUBLISH_CHUNK) {
+        let messages: Vec<SegmentMessage> = chunk
+            .iter()
+            .map(|s| SegmentMessage::new(job.to_string(), voice, s.clone()))
+            .collect();
+        publisher
+            .publish_batch(&messages)
+            .await
+            .with_context(|| format!("publishing job {job}"))?;
+        let indices: Vec<u32> = chunk.iter().map(|s| s.index).collect();
+        narrator_db::mark_published(pool, job, &indices).await?;
+    }
+    Ok(())
+}
+
+/// `narrator submit`.
+pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()> {
+    let format: AudioFormat = args.format.parse()?;
+    let voice = narrator_engine::Voice::find(&paths.voices, &args.voice)?;
+    let digest = identity_digest(&voice);
+    let d = voice.config.scales;
+    let opts = load_options(&args.text);
+    // Every input is read and planned before anything is recorded or enqueued.
+    let mut plans: Vec<JobPlan> = Vec::new();
+    for book in expand(&args.inputs)? {
+        let doc = narrator_text::load_document(&book, &opts)?;
+        for w in &doc.warnings {
+            eprintln!("warning: {}: {w}", book.display());
+        }
+        let source = book.display().to_string();
+        let plan = plan_job(
+            &doc,
+            &source,
+            &file_stem(&book),
+            &AudioIdentity {
+                voice: &voice.name,
+                voice_digest: &digest,
+                scales: d,
+            },
+        );
+        if plan.segments.is_empty() {
+            bail!("{source} has nothing speakable after cleaning; check that it holds readable text");
+        }
+        plans.push(plan);
+    }
+    let settings = JobSettings {
+        sentence_pause_ms: args.text.sentence_pause_ms,
+        paragraph_pause_ms: args.text.paragraph_pause_ms,
+        chapter_pause_ms: args.text.chapter_pause_ms,
+    };
+    let pool = cluster::database(&args.services).await?;
+    let conn = cluster::broker(&args.services, "narrator-submit").await?;
+    let channel = conn
+        .create_channel()
+        .await
+        .context("opening a RabbitMQ channel")?;
+    narrator_broker::declare(&channel, &voice.name).await?;
+    let publisher = Publisher::new(&conn).await?;
+    for plan in &plans {
+        let job = narrator_db::create_job(&pool, plan, format.extension(), args.priority).await?;
+        narrator_db::set_settings(&pool, job, &settings).await?;
+        if std::env::var_os("NARRATOR_TEST_CRASH_AFTER_COMMIT").is_some() {
+            // Fault injection for the outbox test: die like a killed producer would.
+            std::process::abort();
+        }
+        publish_segments(&pool, &publisher, job, &voice.name, &plan.segments)
+            .await
+            .with_context(|| {
+                format!(
+                    "job {job} is recorded; its unpublished segments will be enqueued by a worker's reconciler"
+                )
+            })?;
+        if args.json {
+            let v = serde_json::json!({
+                "job_id": job,
+                "source": plan.source,
+                "title": plan.title,
+                "voice": plan.voice,
+                "format": format.extension(),
+                "chapters": plan.chapters.len(),
+                "segments": plan.segments.len(),
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "{job}  {}  ({} chapters, {} segments)",
+                plan.source,
+                plan.chapters.len(),
+                plan.segments.len()
+            );
+        }
+    }
+    let _ = conn.close(200, "done".into()).await;
+    Ok(())
+}

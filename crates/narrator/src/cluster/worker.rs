@@ -1,0 +1,539 @@
+//! `narrator worker`: per voice, a RabbitMQ consumer feeds the pipeline's worker loop,
+//! which stores audio in S3 and records figures in Postgres before each ack. Around it:
+//! a guard that skips redelivered, cancelled and unknown segments before any work, the
+//! failure path (retry tiers, dead letters with the reason in the database), a heartbeat,
+//! the outbox reconciler, and the assembler (exactly one worker builds a finished job's
+//! outputs; a dead assembler's job is taken over).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use narrator_audio::{AudioFormat, Pauses};
+use narrator_broker::{Consumer, Decision, MAX_ATTEMPTS, Publisher, failure_decision};
+use narrator_core::{Delivery, SeamError, SegmentQueue, SegmentRecord, StateStore};
+use narrator_db::{Output, PgPool, SegmentCheck, Uuid, WorkerInfo};
+use narrator_pipeline::{AssembleOptions, Event, RunOptions, Stages, assemble, work};
+use narrator_s3::S3AudioStore;
+use tokio::sync::{mpsc, watch};
+
+use crate::cli::WorkerArgs;
+use crate::cluster::{self, submit::publish_segments};
+use crate::engine;
+use crate::paths::Paths;
+
+/// The consumer behind a check: deliveries that need no work are settled here.
+struct GuardedQueue {
+    inner: Consumer,
+    pool: PgPool,
+    stop: watch::Receiver<bool>,
+    worker: String,
+}
+
+/// A delivery's ticket with what the failure path needs.
+struct GuardTicket {
+    job: Uuid,
+    index: u32,
+    attempt: u32,
+    inner: narrator_broker::Ticket,
+}
+
+impl GuardedQueue {
+    async fn next_inner(&self) -> Result<Option<Delivery<GuardTicket>>, SeamError> {
+        loop {
+            let Some(d) = self.inner.next_delivery().await? else {
+                return Ok(None);
+            };
+            let Ok(job) = Uuid::parse_str(&d.job_id) else {
+                let decision = Decision::DeadLetter {
+                    reason: format!("job id '{}' is not a UUID", d.job_id),
+                };
+                self.inner.settle(d.ticket, decision).await?;
+                continue;
+            };
+            let index = d.segment.index;
+            let check = match narrator_db::check_segment(&self.pool, job, index).await {
+                Ok(c) => c,
+                Err(e) => {
+                    // The database is away: let the message come back later.
+                    tracing::warn!(error = %e, "cannot check a delivery; retrying it later");
+                    let decision = failure_decision(e.kind(), &e.to_string(), d.attempt);
+                    self.inner.settle(d.ticket, decision).await?;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            match check {
+                SegmentCheck::Work if d.attempt > MAX_ATTEMPTS => {
+                    // The broker's delivery limit dead-letters the next return on its own,
+                    // without a reason or a record: give up here, with both.
+                    let ticket = GuardTicket {
+                        job,
+                        index,
+                        attempt: d.attempt,
+                        inner: d.ticket,
+                    };
+                    let reason = format!(
+                        "delivered {} times without being finished (workers stopped or died holding it)",
+                        d.attempt
+                    );
+                    self.fail(ticket, "delivery_limit", &reason).await?;
+                }
+                SegmentCheck::Work => {
+                    return Ok(Some(Delivery {
+                        job_id: d.job_id,
+                        segment: d.segment,
+                        attempt: d.attempt,
+                        enqueued_at_ms: d.enqueued_at_ms,
+                        ticket: GuardTicket {
+                            job,
+                            index,
+                            attempt: d.attempt,
+                            inner: d.ticket,
+                        },
+                    }));
+                }
+                other => {
+                    tracing::debug!(%job, index, ?other, worker = %self.worker, "skipping a delivery that needs no work");
+                    self.inner.settle(d.ticket, Decision::Ack).await?;
+                }
+            }
+        }
+    }
+}
+
+impl SegmentQueue for GuardedQueue {
+    type Ticket = GuardTicket;
+
+    async fn next(&self) -> Result<Option<Delivery<GuardTicket>>, SeamError> {
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|v| *v) => Ok(None),
+            d = self.next_inner() => d,
+        }
+    }
+
+    async fn ack(&self, ticket: GuardTicket) -> Result<(), SeamError> {
+        self.inner.ack(ticket.inner).await
+    }
+
+    async fn requeue(&self, ticket: GuardTicket) -> Result<(), SeamError> {
+        self.inner.requeue(ticket.inner).await
+    }
+
+    async fn fail(&self, ticket: GuardTicket, kind: &str, reason: &str) -> Result<(), SeamError> {
+        let decision = failure_decision(kind, reason, ticket.attempt);
+        if let Decision::DeadLetter { reason: why } = &decision {
+            let (job, index) = (ticket.job, ticket.index);
+            let recorded = async {
+                narrator_db::fail_segment(&self.pool, job, index, ticket.attempt, kind, why).await?;
+                narrator_db::fail_job(
+                    &self.pool,
+                    job,
+                    "segment_failed",
+                    &format!(
+                        "segment {index} failed: {why}; fix the cause, then run `narrator retry {job}`"
+                    ),
+                )
+                .await
+            };
+            if let Err(e) = recorded.await {
+                tracing::warn!(%job, index, error = %e, "cannot record a dead-lettered segment");
+            }
+        }
+        Ok(self.inner.settle(ticket.inner, decision).await?)
+    }
+}
+
+/// Records into Postgres; tells the assembler when a job's last segment is in.
+struct ClusterState {
+    pool: PgPool,
+    complete: mpsc::UnboundedSender<Uuid>,
+    done: Arc<AtomicU64>,
+}
+
+impl StateStore for ClusterState {
+    async fn record_segment(&self, job: &str, record: &SegmentRecord) -> Result<(), SeamError> {
+        let id = Uuid::parse_str(job).map_err(|e| SeamError::new("input", e.to_string(), e))?;
+        let outcome = narrator_db::record_segment(&self.pool, id, record)
+            .await
+            .map_err(|e| SeamError::new(e.kind(), e.to_string(), e))?;
+        if outcome.newly_done {
+            self.done.fetch_add(1, Ordering::Relaxed);
+        }
+        if outcome.job_complete {
+            let _ = self.complete.send(id);
+        }
+        Ok(())
+    }
+
+    async fn finished_segments(&self, job: &str) -> Result<Vec<SegmentRecord>, SeamError> {
+        let id = Uuid::parse_str(job).map_err(|e| SeamError::new("input", e.to_string(), e))?;
+        narrator_db::finished_segments(&self.pool, id)
+            .await
+            .map_err(|e| SeamError::new(e.kind(), e.to_string(), e))
+    }
+}
+
+/// Builds one job's outputs (the caller holds its assembly claim) and marks it done.
+async fn assemble_job(pool: &PgPool, store: &S3AudioStore, job: Uuid) -> anyhow::Result<()> {
+    let stored = narrator_db::load_job(pool, job).await?;
+    let records = narrator_db::finished_segments(pool, job).await?;
+    if records.len() != stored.plan.segments.len() {
+        anyhow::bail!(
+            "job {job} has {} of {} segments recorded",
+            records.len(),
+            stored.plan.segments.len()
+        );
+    }
+    let format: AudioFormat = stored.format.parse()?;
+    let wall_before = narrator_db::job_status(pool, job)
+        .await?
+        .and_then(|s| s.summary.wall_seconds)
+        .unwrap_or(0.0);
+    let staging = tempfile::Builder::new()
+        .prefix("narrator-assemble-")
+        .tempdir()
+        .context("creating a staging folder for assembly")?;
+    let opts = AssembleOptions {
+        format,
+        pauses: Pauses {
+            sentence_ms: stored.settings.sentence_pause_ms,
+            paragraph_ms: stored.settings.paragraph_pause_ms,
+            chapter_ms: stored.settings.chapter_pause_ms,
+        },
+        staging: staging.path().to_path_buf(),
+    };
+    let plan = stored.plan;
+    let manifest = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current()
+            .block_on(assemble(&plan, &records, store, &opts, wall_before))
+    })?;
+    let job_text = job.to_string();
+    let size = |name: &str| {
+        std::fs::metadata(staging.path().join(name))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    };
+    let mut outputs = vec![Output {
+        key: store.output_key(&job_text, &manifest.book.file),
+        kind: "book".into(),
+        name: manifest.book.file.clone(),
+        seconds: manifest.book.seconds,
+        bytes: size(&manifest.book.file),
+    }];
+    outputs.extend(manifest.chapters.iter().map(|c| Output {
+        key: store.output_key(&job_text, &c.file),
+        kind: "chapter".into(),
+        name: c.file.clone(),
+        seconds: c.seconds,
+        bytes: size(&c.file),
+    }));
+    outputs.push(Output {
+        key: store.output_key(&job_text, "manifest.json"),
+        kind: "manifest".into(),
+        name: "manifest.json".into(),
+        seconds: 0.0,
+        bytes: size("manifest.json"),
+    });
+    if !narrator_db::finish_with_outputs(pool, job, manifest.audio_seconds, &outputs).await? {
+        tracing::warn!(%job, "assembled, but the job was no longer assembling (cancelled?)");
+    }
+    Ok(())
+}
+
+/// Assembles every job it is told about (if it wins the claim) and, every few seconds,
+/// the jobs it takes over from dead workers.
+async fn assembler(
+    pool: PgPool,
+    store: S3AudioStore,
+    worker: String,
+    mut complete: mpsc::UnboundedReceiver<Uuid>,
+    stale: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut sweep = tokio::time::interval(stale.min(Duration::from_secs(10)));
+    loop {
+        enum Wake {
+            Stop,
+            Job(Uuid),
+            Sweep,
+        }
+        let wake = tokio::select! {
+            biased;
+            _ = stop.wait_for(|v| *v) => Wake::Stop,
+            Some(job) = complete.recv() => Wake::Job(job),
+            _ = sweep.tick() => Wake::Sweep,
+        };
+        let jobs = match wake {
+            Wake::Stop => return,
+            Wake::Job(job) => match narrator_db::claim_assembly_for(&pool, job, &worker).await {
+                Ok(true) => vec![job],
+                Ok(false) => vec![],
+                Err(e) => {
+                    tracing::warn!(%job, error = %e, "cannot claim assembly");
+                    vec![]
+                }
+            },
+            Wake::Sweep => narrator_db::take_over_assemblies(&pool, &worker, stale)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "assembly sweep failed");
+                    vec![]
+                }),
+        };
+        for job in jobs {
+            tracing::info!(%job, "assembling");
+            if let Err(e) = assemble_job(&pool, &store, job).await {
+                let reason = format!(
+                    "assembly failed: {}; run `narrator retry {job}` to assemble again",
+                    crate::one_line(&e)
+                );
+                tracing::warn!(%job, %reason);
+                let _ = narrator_db::fail_job(&pool, job, "assembly", &reason).await;
+            }
+        }
+    }
+}
+
+/// Republishes segments committed but never confirmed published.
+async fn reconciler(
+    pool: PgPool,
+    publisher: Publisher,
+    after: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(after.clamp(Duration::from_secs(1), Duration::from_secs(10)));
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|v| *v) => return,
+            _ = tick.tick() => {}
+        }
+        let missing = match narrator_db::unpublished(&pool, after, 10_000).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "reconciler cannot read the outbox");
+                continue;
+            }
+        };
+        if missing.is_empty() {
+            continue;
+        }
+        let mut by_job: BTreeMap<Uuid, Vec<narrator_core::Segment>> = BTreeMap::new();
+        for (job, seg) in missing {
+            by_job.entry(job).or_default().push(seg);
+        }
+        for (job, segments) in by_job {
+            let voice = match narrator_db::load_job(&pool, job).await {
+                Ok(j) => j.plan.voice,
+                Err(e) => {
+                    tracing::warn!(%job, error = %e, "reconciler cannot load a job");
+                    continue;
+                }
+            };
+            tracing::info!(%job, segments = segments.len(), "republishing unpublished segments");
+            if let Err(e) = publish_segments(&pool, &publisher, job, &voice, &segments).await {
+                tracing::warn!(%job, error = %e, "reconciler publish failed; will try again");
+            }
+        }
+    }
+}
+
+async fn heartbeat(
+    pool: PgPool,
+    info: WorkerInfo,
+    done: Arc<AtomicU64>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        if let Err(e) = narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|v| *v) => return,
+            _ = tick.tick() => {}
+        }
+    }
+}
+
+async fn shutdown_requested() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// `narrator worker`.
+pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()> {
+    let voices = if args.voices.is_empty() {
+        vec![args.engine_args.voice.clone()]
+    } else {
+        args.voices.clone()
+    };
+    let worker_id = args
+        .id
+        .clone()
+        .unwrap_or_else(|| format!("{}:{}", cluster::host_name(), std::process::id()));
+    let null_engine = match args.engine.as_str() {
+        "onnx" => false,
+        "null" => true,
+        other => anyhow::bail!("--engine {other}: use onnx or null"),
+    };
+    // Voices first: a typo fails before anything connects or loads.
+    let mut found = Vec::new();
+    for v in &voices {
+        let mut e = args.engine_args.clone();
+        e.voice = v.clone();
+        found.push((engine::find_voice(paths, &e)?, e));
+    }
+    let pool = cluster::database(&args.services).await?;
+    let store = cluster::store(&args.services).await?;
+    let conn = cluster::broker(&args.services, &format!("narrator-worker {worker_id}")).await?;
+    let channel = conn.create_channel().await.context("opening a RabbitMQ channel")?;
+    for (voice, _) in &found {
+        narrator_broker::declare(&channel, &voice.name).await?;
+    }
+
+    let (stop_tx, stop) = watch::channel(false);
+    let (complete_tx, complete_rx) = mpsc::unbounded_channel();
+    let done = Arc::new(AtomicU64::new(0));
+    let mut plans = Vec::new();
+    let mut devices = Vec::new();
+    let mut loops = tokio::task::JoinSet::new();
+    for (voice, eargs) in found {
+        let name = voice.name.clone();
+        let loaded = if null_engine {
+            engine::load_null(paths, &eargs, voice)?
+        } else {
+            engine::load(paths, &eargs, voice)?
+        };
+        let mut synth = loaded.synth;
+        if let Ok(needle) = std::env::var("NARRATOR_TEST_FAIL_TEXT") {
+            // Fault injection for tests: a segment containing this text fails its batch.
+            tracing::warn!(%needle, "fault injection on: segments containing it fail");
+            synth = synth.with_fault(Arc::new(move |s| s.text.contains(&needle)));
+        }
+        let prefetch = args.prefetch.unwrap_or_else(|| {
+            u16::try_from(loaded.max_batch * (loaded.in_flight + 1)).unwrap_or(u16::MAX)
+        });
+        devices.push(synth.pool().device().to_string());
+        plans.push(serde_json::json!({
+            "voice": name, "max_batch": loaded.max_batch, "in_flight": loaded.in_flight,
+            "prefetch": prefetch, "device": synth.pool().device().to_string(),
+            "engine": args.engine,
+        }));
+        let consumer = Consumer::start(&conn, &name, prefetch).await?;
+        let queue = Arc::new(GuardedQueue {
+            inner: consumer,
+            pool: pool.clone(),
+            stop: stop.clone(),
+            worker: worker_id.clone(),
+        });
+        let stages = Stages {
+            synth: Arc::new(synth),
+            store: Arc::new(store.clone()),
+            state: Arc::new(ClusterState {
+                pool: pool.clone(),
+                complete: complete_tx.clone(),
+                done: done.clone(),
+            }),
+            on_event: Arc::new(|e| {
+                if let Event::Warning(w) = e {
+                    tracing::warn!("{w}");
+                }
+            }),
+        };
+        let opts = RunOptions {
+            worker: worker_id.clone(),
+            max_batch: loaded.max_batch,
+            in_flight: loaded.in_flight,
+            isolate_failures: true,
+            stop: Some(stop.clone()),
+        };
+        loops.spawn(async move {
+            let result = work(queue.clone(), &stages, &opts).await;
+            // Deliveries prefetched but not started go back to the queue.
+            let _ = queue.inner.close().await;
+            result.map(|_| ()).with_context(|| format!("worker loop for voice {name}"))
+        });
+    }
+    let info = WorkerInfo {
+        id: worker_id.clone(),
+        host: cluster::host_name(),
+        device: devices.first().cloned().unwrap_or_else(|| "cpu".into()),
+        hardware: serde_json::json!({
+            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        }),
+        plan: serde_json::Value::Array(plans),
+    };
+    let every = Duration::from_secs(args.heartbeat.max(1));
+    let mut services = tokio::task::JoinSet::new();
+    services.spawn(heartbeat(pool.clone(), info.clone(), done.clone(), every, stop.clone()));
+    services.spawn(reconciler(
+        pool.clone(),
+        Publisher::new(&conn).await?,
+        Duration::from_secs(args.reconcile_after),
+        stop.clone(),
+    ));
+    services.spawn(assembler(
+        pool.clone(),
+        store.clone(),
+        worker_id.clone(),
+        complete_rx,
+        every * 6,
+        stop.clone(),
+    ));
+    eprintln!("worker {worker_id} ready");
+
+    let mut failure = None;
+    tokio::select! {
+        _ = shutdown_requested() => {
+            eprintln!("worker {worker_id}: stopping after the batches in flight");
+        }
+        Some(r) = loops.join_next() => {
+            failure = match r {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(e) => Some(anyhow::anyhow!("worker loop panicked: {e}")),
+            };
+        }
+    }
+    let _ = stop_tx.send(true);
+    while let Some(r) = loops.join_next().await {
+        if let Ok(Err(e)) = r {
+            failure = failure.or(Some(e));
+        }
+    }
+    while services.join_next().await.is_some() {}
+    let _ = narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await;
+    let _ = conn.close(200, "worker stopped".into()).await;
+    eprintln!(
+        "worker {worker_id}: stopped after {} segments",
+        done.load(Ordering::Relaxed)
+    );
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
