@@ -302,3 +302,18 @@ pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError
     segments.sort_by_key(|s| s.index);
     Ok(RetryOutcome::Retried(segments))
 }
+
+/// Ends every unfinished job whose segments are all settled (done or failed) with at
+/// least one failed: `failed`, with a reason naming how many and the first. A failed
+/// segment does not stop its job's other segments; the job fails once they are done,
+/// so `narrator retry` only has the failed ones left to do. Returns the jobs it ended.
+pub async fn fail_settled_jobs(exec: impl PgExecutor<'_>) -> Result<Vec<Uuid>, DbError> {
+    let rows = sqlx::query(
+        "UPDATE jobs j SET state = 'failed', finished_at = now(), failure_kind = 'segment_failed',            failure_reason = format('%s of %s segments failed (first: segment %s: %s); fix the              cause, then run `narrator retry %s`', f.n, j.segments_total, f.idx, f.reason, j.id)          FROM (SELECT job_id, count(*) AS n, min(idx) AS idx,                       (array_agg(failure_reason ORDER BY idx))[1] AS reason                FROM segments WHERE state = 'failed' GROUP BY job_id) f          WHERE f.job_id = j.id AND j.state IN ('queued', 'running')            AND j.segments_done + f.n = j.segments_total          RETURNING j.id",
+    )
+    .fetch_all(exec)
+    .await?;
+    rows.iter()
+        .map(|r| r.try_get("id").map_err(DbError::from))
+        .collect()
+}

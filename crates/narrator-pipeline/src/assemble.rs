@@ -17,6 +17,8 @@ use narrator_core::{
     AudioStore, BookEntry, ChapterEntry, JobPlan, Manifest, SegmentEntry, SegmentRecord,
 };
 
+use futures_util::{StreamExt, stream};
+
 use crate::PipelineError;
 
 /// Assembly settings.
@@ -130,6 +132,9 @@ fn encoder(path: &Path, spec: &EncoderSpec) -> Result<Box<dyn AudioSink + Send>,
     Ok(create_encoder(spec, file)?)
 }
 
+/// Segment reads in flight during assembly.
+const READ_AHEAD: usize = 16;
+
 /// Builds and publishes every output; returns the manifest (already published).
 /// `wall_before` is the synthesis wall time already spent on this job.
 pub async fn assemble<A: AudioStore>(
@@ -162,6 +167,11 @@ pub async fn assemble<A: AudioStore>(
         .collect();
     let book_path = opts.staging.join(&lay.book_file);
     let mut book = encoder(&book_path, &book_spec)?;
+    // Segments are read in order with a few fetches ahead: a networked store's latency
+    // overlaps the encoding instead of adding up (memory: READ_AHEAD segments).
+    let mut audio_in_order = stream::iter(0..plan.segments.len() as u32)
+        .map(|i| store.get_segment(&plan.job_id, i))
+        .buffered(READ_AHEAD);
 
     for (ci, (ch, cl)) in plan.chapters.iter().zip(&lay.chapters).enumerate() {
         if ci > 0 {
@@ -175,7 +185,10 @@ pub async fn assemble<A: AudioStore>(
         let first = ch.first_segment;
         let end = first + ch.segment_count;
         for i in first..end {
-            let audio = store.get_segment(&plan.job_id, i).await?;
+            let audio = audio_in_order
+                .next()
+                .await
+                .ok_or(PipelineError::Internal("segment stream ended early"))??;
             let expected = records.get(i as usize).map_or(0, |r| r.samples);
             if audio.samples.len() as u64 != expected {
                 return Err(PipelineError::Corrupt {

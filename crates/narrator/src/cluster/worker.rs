@@ -130,15 +130,7 @@ impl SegmentQueue for GuardedQueue {
             let (job, index) = (ticket.job, ticket.index);
             let recorded = async {
                 narrator_db::fail_segment(&self.pool, job, index, ticket.attempt, kind, why).await?;
-                narrator_db::fail_job(
-                    &self.pool,
-                    job,
-                    "segment_failed",
-                    &format!(
-                        "segment {index} failed: {why}; fix the cause, then run `narrator retry {job}`"
-                    ),
-                )
-                .await
+                narrator_db::fail_settled_jobs(&self.pool).await
             };
             if let Err(e) = recorded.await {
                 tracing::warn!(%job, index, error = %e, "cannot record a dead-lettered segment");
@@ -278,12 +270,17 @@ async fn assembler(
                     vec![]
                 }
             },
-            Wake::Sweep => narrator_db::take_over_assemblies(&pool, &worker, stale)
+            Wake::Sweep => {
+                if let Err(e) = narrator_db::fail_settled_jobs(&pool).await {
+                    tracing::warn!(error = %e, "cannot end jobs with failed segments");
+                }
+                narrator_db::take_over_assemblies(&pool, &worker, stale)
                 .await
                 .unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "assembly sweep failed");
                     vec![]
-                }),
+                })
+            }
         };
         for job in jobs {
             tracing::info!(%job, "assembling");

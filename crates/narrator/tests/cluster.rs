@@ -1,0 +1,674 @@
+//! The distributed mode end to end, with everything real: RabbitMQ (127.0.0.1:5672),
+//! Postgres (NARRATOR_DATABASE_URL's server; each test makes its own database), the S3
+//! test server (`bash ops/s3-server.sh start`), the `narrator` binary as producer and
+//! workers, and the real voice where the test is about synthesis. `bash ops/test.sh`
+//! starts the services and sets the environment.
+//!
+//! All tests share the voice's work queue, so they run one at a time (a lock), each
+//! starting from an empty queue and a fresh database.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use narrator_broker::{DEAD_LETTER_QUEUE, DEAD_REASON_HEADER, SegmentMessage};
+use narrator_db::{JobState, PgPool, Uuid};
+
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+const VOICE: &str = "en_US-joe-medium";
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn admin_url() -> String {
+    std::env::var("NARRATOR_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn amqp_url() -> String {
+    env_or("NARRATOR_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+}
+
+/// One test's world: its database, an empty work queue, its worker processes.
+struct World {
+    rt: tokio::runtime::Runtime,
+    db_url: String,
+    db_name: String,
+    pool: PgPool,
+    workers: Vec<Child>,
+    tmp: tempfile::TempDir,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl World {
+    fn new() -> Self {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(
+            std::env::var("NARRATOR_S3_ENDPOINT").is_ok(),
+            "NARRATOR_S3_ENDPOINT is not set: run `bash ops/s3-server.sh start` and \
+             `eval \"$(bash ops/s3-server.sh env)\"` (bash ops/test.sh does both)"
+        );
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let db_name = format!("narrator_cli_{}", Uuid::new_v4().simple());
+        let admin = admin_url();
+        let db_url = match admin.rfind('/') {
+            Some(i) if admin[..i].contains("://") && admin[i..].len() > 1 => {
+                format!("{}/{db_name}", &admin[..i])
+            }
+            _ => panic!("cannot derive a database URL from {admin}"),
+        };
+        let pool = rt.block_on(async {
+            let admin_pool = narrator_db::connect(&admin).await.expect("admin database");
+            sqlx::query(&format!("CREATE DATABASE {db_name}"))
+                .execute(&admin_pool)
+                .await
+                .expect("create database");
+            admin_pool.close().await;
+            // Leftovers of other tests must not be consumed by this one's workers.
+            let conn = narrator_broker::connect(&amqp_url()).await.expect("amqp");
+            let ch = conn.create_channel().await.expect("channel");
+            narrator_broker::declare(&ch, VOICE).await.expect("declare");
+            ch.queue_purge(
+                narrator_broker::work_queue(VOICE).as_str().into(),
+                Default::default(),
+            )
+            .await
+            .expect("purge");
+            let _ = conn.close(200, "ok".into()).await;
+            narrator_db::connect(&db_url).await.expect("test database")
+        });
+        let world = Self {
+            rt,
+            db_url,
+            db_name,
+            pool,
+            workers: Vec::new(),
+            tmp: tempfile::tempdir().expect("tmp"),
+            _serial: serial,
+        };
+        let out = world.ok(&["migrate"]);
+        assert!(String::from_utf8_lossy(&out.stdout).contains("up to date"));
+        world
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_narrator"));
+        c.env("NARRATOR_DATA_DIR", Path::new(ROOT).join(".deps"))
+            .env("NARRATOR_DATABASE_URL", &self.db_url)
+            .env_remove("NARRATOR_TEST_FAIL_TEXT")
+            .env_remove("NARRATOR_TEST_CRASH_AFTER_COMMIT")
+            .env_remove("NARRATOR_VOICE");
+        c
+    }
+
+    fn ok(&self, args: &[&str]) -> Output {
+        let out = self.cmd().args(args).output().expect("spawn narrator");
+        assert!(
+            out.status.success(),
+            "narrator {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Fails with exactly one line on stderr and no panic; returns that line.
+    fn err(&self, args: &[&str]) -> String {
+        let out = self.cmd().args(args).output().expect("spawn narrator");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{args:?} should fail: {err}");
+        assert!(!err.contains("panicked"), "panic: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        err
+    }
+
+    /// Starts a worker and waits for its "ready" line; stderr goes to a file.
+    fn worker(&mut self, id: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
+        let log = self.tmp.path().join(format!("{id}.log"));
+        let file = std::fs::File::create(&log).expect("log");
+        let mut c = self.cmd();
+        c.args(["--log", "info", "worker", "--id", id, "--heartbeat", "1"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(file);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let child = c.spawn().expect("spawn worker");
+        self.workers.push(child);
+        let i = self.workers.len() - 1;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains(" ready") {
+                return i;
+            }
+            if let Ok(Some(status)) = self.workers[i].try_wait() {
+                panic!("worker {id} exited with {status}: {text}");
+            }
+            assert!(Instant::now() < deadline, "worker {id} not ready: {text}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn worker_log(&self, id: &str) -> String {
+        std::fs::read_to_string(self.tmp.path().join(format!("{id}.log"))).unwrap_or_default()
+    }
+
+    fn book(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.tmp.path().join(name);
+        std::fs::write(&p, text).expect("book");
+        p
+    }
+
+    fn submit(&self, book: &Path, extra: &[&str]) -> Uuid {
+        let mut args = vec!["submit", book.to_str().expect("utf8"), "--json"];
+        args.extend_from_slice(extra);
+        let out = self.ok(&args);
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        let v: serde_json::Value = serde_json::from_str(line.trim()).expect("submit JSON");
+        v["job_id"].as_str().expect("job_id").parse().expect("uuid")
+    }
+
+    fn status(&self, job: Uuid) -> serde_json::Value {
+        let out = self.ok(&["status", &job.to_string(), "--json"]);
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    fn state(&self, job: Uuid) -> JobState {
+        self.rt
+            .block_on(narrator_db::job_status(&self.pool, job))
+            .expect("job_status")
+            .expect("job exists")
+            .summary
+            .state
+    }
+
+    fn wait_state(&self, job: Uuid, want: JobState, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let state = self.state(job);
+            if state == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {job} is {state:?}, wanted {want:?}; status: {}",
+                self.status(job)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn done_count(&self, job: Uuid) -> u32 {
+        self.rt
+            .block_on(narrator_db::job_status(&self.pool, job))
+            .expect("status")
+            .expect("job")
+            .summary
+            .segments_done
+    }
+
+    fn queue_ready(&self, queue: &str) -> u32 {
+        self.rt.block_on(async {
+            let conn = narrator_broker::connect(&amqp_url()).await.expect("amqp");
+            let ch = conn.create_channel().await.expect("channel");
+            let q = ch
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .expect("passive declare");
+            let _ = conn.close(200, "ok".into()).await;
+            q.message_count()
+        })
+    }
+
+    fn s3_get(&self, key: &str) -> Vec<u8> {
+        self.rt.block_on(async {
+            let store = narrator_s3::S3AudioStore::connect(narrator_s3::S3Config {
+                endpoint: std::env::var("NARRATOR_S3_ENDPOINT").ok(),
+                bucket: env_or("NARRATOR_S3_BUCKET", "narrator"),
+                ..Default::default()
+            })
+            .await
+            .expect("s3");
+            store.get_bytes(key).await.expect("s3 get")
+        })
+    }
+
+    fn manifest(&self, job: Uuid) -> serde_json::Value {
+        let st = self.status(job);
+        let key = st["outputs"]
+            .as_array()
+            .expect("outputs")
+            .iter()
+            .find(|o| o["kind"] == "manifest")
+            .expect("manifest output")["key"]
+            .as_str()
+            .expect("key")
+            .to_string();
+        serde_json::from_slice(&self.s3_get(&key)).expect("manifest JSON")
+    }
+
+    fn stop(&mut self, i: usize, signal: i32) -> std::process::ExitStatus {
+        let pid = self.workers[i].id();
+        // SAFETY-free: kill(1) keeps this test free of unsafe code.
+        let sig = if signal == 9 { "-KILL" } else { "-TERM" };
+        let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(s)) = self.workers[i].try_wait() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "worker did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+        let pool = self.pool.clone();
+        let name = self.db_name.clone();
+        let admin = admin_url();
+        self.rt.block_on(async move {
+            pool.close().await;
+            if let Ok(p) = narrator_db::connect(&admin).await {
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&p)
+                    .await;
+            }
+        });
+    }
+}
+
+/// A Markdown book of `chapters` chapters of `sentences` distinct sentences each.
+fn book_text(chapters: usize, sentences: usize, extra: Option<(usize, &str)>) -> String {
+    let mut s = String::from("# A Test of the Distributed Mode\n\n");
+    let mut n = 0;
+    for c in 1..=chapters {
+        s.push_str(&format!("## Chapter {c}\n\n"));
+        for i in 0..sentences {
+            n += 1;
+            match extra {
+                Some((at, text)) if at == n => s.push_str(&format!("{text} ")),
+                _ => s.push_str(&format!(
+                    "Sentence number {n} of chapter {c} is here, line {i}. "
+                )),
+            }
+            if i % 3 == 2 {
+                s.push_str("\n\n");
+            }
+        }
+        s.push_str("\n\n");
+    }
+    s
+}
+
+fn indices(manifest: &serde_json::Value) -> Vec<u64> {
+    manifest["segments"]
+        .as_array()
+        .expect("segments")
+        .iter()
+        .map(|s| s["index"].as_u64().expect("index"))
+        .collect()
+}
+
+#[test]
+fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
+    let mut w = World::new();
+    let book = w.book("three.md", &book_text(3, 5, None));
+    let a = w.worker("a", &[], &[]);
+    w.worker("b", &[], &[]);
+    let job = w.submit(&book, &["--format", "wav"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while w.done_count(job) < 3 {
+        assert!(Instant::now() < deadline, "no progress: {}", w.status(job));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let killed = w.stop(a, 9);
+    assert!(!killed.success());
+    w.worker("c", &[], &[]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(240));
+
+    let st = w.status(job);
+    let total = st["segments_total"].as_u64().expect("total");
+    assert_eq!(total, 15);
+    assert_eq!(st["segments_done"], total);
+    assert!(st["rtf"].as_f64().expect("rtf") > 0.0, "{st}");
+    assert!(st["latency_seconds"].as_f64().expect("latency") > 0.0, "{st}");
+    let outputs = st["outputs"].as_array().expect("outputs");
+    assert_eq!(
+        outputs.iter().filter(|o| o["kind"] == "chapter").count(),
+        3,
+        "{st}"
+    );
+    for o in outputs {
+        let url = o["url"].as_str().expect("presigned url");
+        assert!(url.starts_with("http") && url.contains("X-Amz-Signature"), "{url}");
+    }
+    let manifest = w.manifest(job);
+    assert_eq!(indices(&manifest), (0..total).collect::<Vec<_>>());
+    let book_key = outputs.iter().find(|o| o["kind"] == "book").expect("book")["key"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    let (rate, samples) = narrator_audio::decode_wav_bytes(&w.s3_get(&book_key)).expect("wav");
+    let seconds = samples.len() as f64 / f64::from(rate);
+    let want = manifest["book"]["seconds"].as_f64().expect("seconds");
+    assert!((seconds - want).abs() < 0.01, "{seconds} vs {want}");
+    // Every segment recorded exactly once, by the workers that ran.
+    let rows: Vec<(i32, String, i32)> = w.rt.block_on(async {
+        sqlx::query_as("SELECT idx, worker, attempts FROM segment_figures WHERE job_id = $1 AND state = 'done' ORDER BY idx")
+            .bind(job)
+            .fetch_all(&w.pool)
+            .await
+            .expect("figures")
+    });
+    assert_eq!(rows.len() as u64, total);
+    assert!(rows.iter().all(|(_, worker, _)| ["a", "b", "c"].contains(&worker.as_str())));
+    assert!(w.worker_log("c").contains("ready"));
+}
+
+#[test]
+fn a_redelivered_finished_segment_is_neither_synthesized_nor_counted_again() {
+    let mut w = World::new();
+    let book = w.book("small.md", &book_text(2, 4, None));
+    let first = w.worker("first", &["--engine", "null"], &[]);
+    let job = w.submit(&book, &["--format", "wav"]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(60));
+    assert!(w.stop(first, 15).success());
+    let before: Vec<(i32, String, chrono::DateTime<chrono::Utc>)> = w.rt.block_on(async {
+        sqlx::query_as("SELECT idx, worker, done_at FROM segments WHERE job_id = $1 ORDER BY idx")
+            .bind(job)
+            .fetch_all(&w.pool)
+            .await
+            .expect("rows")
+    });
+    let status_before = w.status(job);
+    // Deliver every segment again, as a broker does after a worker died before its acks.
+    w.rt.block_on(async {
+        let stored = narrator_db::load_job(&w.pool, job).await.expect("job");
+        let conn = narrator_broker::connect(&amqp_url()).await.expect("amqp");
+        let publisher = narrator_broker::Publisher::new(&conn).await.expect("publisher");
+        let messages: Vec<SegmentMessage> = stored
+            .plan
+            .segments
+            .iter()
+            .map(|s| SegmentMessage::new(job.to_string(), VOICE, s.clone()))
+            .collect();
+        publisher.publish_batch(&messages).await.expect("publish");
+        let _ = conn.close(200, "ok".into()).await;
+    });
+    let second = w.worker("second", &["--engine", "null"], &[]);
+    let queue = narrator_broker::work_queue(VOICE);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.queue_ready(&queue) > 0 {
+        assert!(Instant::now() < deadline, "redeliveries not consumed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(w.stop(second, 15).success());
+    assert!(
+        w.worker_log("second").contains("stopped after 0 segments"),
+        "{}",
+        w.worker_log("second")
+    );
+    assert_eq!(w.queue_ready(&queue), 0, "every redelivery was acknowledged");
+    let after: Vec<(i32, String, chrono::DateTime<chrono::Utc>)> = w.rt.block_on(async {
+        sqlx::query_as("SELECT idx, worker, done_at FROM segments WHERE job_id = $1 ORDER BY idx")
+            .bind(job)
+            .fetch_all(&w.pool)
+            .await
+            .expect("rows")
+    });
+    assert_eq!(before, after);
+    let status_after = w.status(job);
+    assert_eq!(status_after["segments_done"], status_before["segments_done"]);
+    assert_eq!(status_after["audio_seconds"], status_before["audio_seconds"]);
+    assert_eq!(status_after["state"], "done");
+}
+
+#[test]
+fn segments_a_crashed_producer_never_published_are_published_by_the_reconciler() {
+    let mut w = World::new();
+    let book = w.book("outbox.md", &book_text(2, 6, None));
+    let out = w
+        .cmd()
+        .args(["submit", book.to_str().expect("utf8"), "--json"])
+        .env("NARRATOR_TEST_CRASH_AFTER_COMMIT", "1")
+        .output()
+        .expect("spawn");
+    assert!(!out.status.success(), "the producer must die");
+    let (job, unpublished): (Uuid, i64) = w.rt.block_on(async {
+        sqlx::query_as(
+            "SELECT j.id, count(*) FILTER (WHERE s.published_at IS NULL) FROM jobs j \
+             JOIN segments s ON s.job_id = j.id GROUP BY j.id",
+        )
+        .fetch_one(&w.pool)
+        .await
+        .expect("the job was committed")
+    });
+    assert_eq!(unpublished, 12, "nothing was published");
+    assert_eq!(w.queue_ready(&narrator_broker::work_queue(VOICE)), 0);
+    w.worker("reconciling", &["--engine", "null", "--reconcile-after", "1"], &[]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(60));
+    let still: i64 = w.rt.block_on(async {
+        sqlx::query_scalar("SELECT count(*) FROM segments WHERE job_id = $1 AND published_at IS NULL")
+            .bind(job)
+            .fetch_one(&w.pool)
+            .await
+            .expect("count")
+    });
+    assert_eq!(still, 0);
+    assert_eq!(indices(&w.manifest(job)), (0..12).collect::<Vec<_>>());
+}
+
+/// Takes the dead letter of `job` from `narrator.dead` (others are left there).
+fn take_dead_letter(w: &World, job: Uuid) -> Option<FieldTable> {
+    w.rt.block_on(async {
+        let conn = narrator_broker::connect(&amqp_url()).await.expect("amqp");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            let ch = conn.create_channel().await.expect("channel");
+            let mut found = None;
+            while let Some(m) = ch
+                .basic_get(DEAD_LETTER_QUEUE.into(), BasicGetOptions { no_ack: false })
+                .await
+                .expect("basic.get")
+            {
+                if SegmentMessage::decode(&m.delivery.data).is_ok_and(|d| d.job_id == job.to_string()) {
+                    m.delivery.acker.ack(BasicAckOptions::default()).await.expect("ack");
+                    found = Some(m.delivery.properties.headers().clone().unwrap_or_default());
+                    break;
+                }
+            }
+            let _ = ch.close(200, "ok".into()).await;
+            if found.is_some() {
+                let _ = conn.close(200, "ok".into()).await;
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        None
+    })
+}
+
+#[test]
+fn a_failing_segment_is_dead_lettered_alone_and_the_job_can_be_retried() {
+    let mut w = World::new();
+    let book = w.book(
+        "poison.md",
+        &book_text(2, 8, Some((6, "The word Xyzzy cannot be said."))),
+    );
+    let faulty = w.worker(
+        "faulty",
+        &["--engine", "null", "--max-batch", "8"],
+        &[("NARRATOR_TEST_FAIL_TEXT", "Xyzzy")],
+    );
+    let job = w.submit(&book, &["--format", "wav"]);
+    w.wait_state(job, JobState::Failed, Duration::from_secs(60));
+    // The job fails once its other segments are done.
+    let st = w.status(job);
+    assert_eq!(st["state"], "failed");
+    assert_eq!(st["segments_done"], 15, "only the poisoned segment failed: {st}");
+    assert_eq!(st["segments_failed"], 1, "{st}");
+    let reason = st["failure_reason"].as_str().expect("reason");
+    assert!(
+        reason.contains("1 of 16 segments failed")
+            && reason.contains("segment 5")
+            && reason.contains("narrator retry"),
+        "{reason}"
+    );
+    let (kind, why): (String, String) = w.rt.block_on(async {
+        sqlx::query_as("SELECT failure_kind, failure_reason FROM segments WHERE job_id = $1 AND idx = 5")
+            .bind(job)
+            .fetch_one(&w.pool)
+            .await
+            .expect("segment row")
+    });
+    assert_eq!(kind, "text_unspeakable");
+    assert!(why.contains("cannot be spoken"), "{why}");
+    let headers = take_dead_letter(&w, job).expect("a dead letter for the job");
+    assert!(headers.inner().contains_key(DEAD_REASON_HEADER), "{headers:?}");
+
+    assert!(w.stop(faulty, 15).success());
+    w.worker("healthy", &["--engine", "null"], &[]);
+    let out = w.ok(&["retry", &job.to_string()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 segments enqueued again"));
+    w.wait_state(job, JobState::Done, Duration::from_secs(60));
+    assert_eq!(indices(&w.manifest(job)), (0..16).collect::<Vec<_>>());
+    let err = w.err(&["retry", &job.to_string()]);
+    assert!(err.contains("not failed"), "{err}");
+}
+
+#[test]
+fn a_cancelled_job_gets_no_more_work() {
+    let mut w = World::new();
+    let book = w.book("cancel.md", &book_text(2, 10, None));
+    let job = w.submit(&book, &[]);
+    let out = w.ok(&["cancel", &job.to_string()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cancelled"));
+    let worker = w.worker("idle", &["--engine", "null"], &[]);
+    let queue = narrator_broker::work_queue(VOICE);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.queue_ready(&queue) > 0 {
+        assert!(Instant::now() < deadline, "cancelled segments not drained");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(w.stop(worker, 15).success());
+    assert_eq!(w.done_count(job), 0);
+    assert_eq!(w.state(job), JobState::Cancelled);
+    assert_eq!(w.queue_ready(&queue), 0);
+    let err = w.err(&["cancel", &job.to_string()]);
+    assert!(err.contains("already ended"), "{err}");
+}
+
+#[test]
+fn sigterm_finishes_the_batch_in_flight_and_exits_cleanly() {
+    let mut w = World::new();
+    let sample = Path::new(ROOT).join("examples/sample.md");
+    let worker = w.worker("draining", &[], &[]);
+    let job = w.submit(&sample, &["--format", "wav"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while w.done_count(job) < 1 {
+        assert!(Instant::now() < deadline, "{}", w.status(job));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = w.stop(worker, 15);
+    assert!(status.success(), "exit {status}: {}", w.worker_log("draining"));
+    let log = w.worker_log("draining");
+    assert!(log.contains("stopping after the batches in flight"), "{log}");
+    let done = w.done_count(job);
+    assert!(
+        log.contains(&format!("stopped after {done} segments")),
+        "every segment it finished is recorded ({done}): {log}"
+    );
+    // Whatever it had prefetched went back to the queue; another worker finishes.
+    w.worker("finisher", &[], &[]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(180));
+    let manifest = w.manifest(job);
+    let n = manifest["segments"].as_array().expect("segments").len() as u64;
+    assert_eq!(indices(&manifest), (0..n).collect::<Vec<_>>());
+}
+
+#[test]
+fn commands_fail_with_one_clear_line_and_never_print_secrets() {
+    let w = World::new();
+    let err = w.err(&["status", "not-a-job"]);
+    assert!(err.contains("is not a job id"), "{err}");
+    let err = w.err(&["status", &Uuid::new_v4().to_string()]);
+    assert!(err.contains("no job"), "{err}");
+    // One bad input among good ones: nothing is recorded.
+    let good = w.book("good.md", &book_text(1, 3, None));
+    let missing = w.tmp.path().join("missing.txt");
+    let err = w.err(&[
+        "submit",
+        good.to_str().expect("utf8"),
+        missing.to_str().expect("utf8"),
+    ]);
+    assert!(err.contains("missing.txt"), "{err}");
+    let out = w.ok(&["jobs", "--json"]);
+    let jobs: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(jobs.as_array().map(Vec::len), Some(0), "{jobs}");
+    let empty = w.tmp.path().join("empty");
+    std::fs::create_dir_all(&empty).expect("dir");
+    let err = w.err(&["submit", empty.to_str().expect("utf8")]);
+    assert!(err.contains("holds no books"), "{err}");
+    // An unmigrated database is named, with the fix.
+    let bare = format!("{}_bare", w.db_name);
+    let bare_url = w.db_url.replace(&w.db_name, &bare);
+    w.rt.block_on(async {
+        sqlx::query(&format!("CREATE DATABASE {bare}"))
+            .execute(&w.pool)
+            .await
+            .expect("create");
+    });
+    let err = w.err(&["jobs", "--database-url", &bare_url]);
+    w.rt.block_on(async {
+        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {bare} WITH (FORCE)"))
+            .execute(&w.pool)
+            .await;
+    });
+    assert!(err.contains("run `narrator migrate`"), "{err}");
+    // Secrets in the environment are not echoed by --help or errors.
+    for sub in ["worker", "submit", "status"] {
+        let out = w
+            .cmd()
+            .args([sub, "--help"])
+            .env("NARRATOR_AMQP_URL", "amqp://user:SuperSecret1@127.0.0.1:1/%2f")
+            .env("NARRATOR_DATABASE_URL", "postgres://u:SuperSecret2@127.0.0.1:1/x")
+            .output()
+            .expect("help");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success());
+        assert!(!text.contains("SuperSecret"), "{text}");
+    }
+    let out = w
+        .cmd()
+        .args(["jobs"])
+        .env("NARRATOR_DATABASE_URL", "postgres://u:SuperSecret3@127.0.0.1:1/x")
+        .output()
+        .expect("jobs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!err.contains("SuperSecret3") && err.contains("***"), "{err}");
+}
