@@ -22,6 +22,16 @@ pub(crate) fn find_voice(paths: &Paths, args: &EngineArgs) -> anyhow::Result<Voi
     Ok(Voice::find(&paths.voices, &args.voice)?)
 }
 
+/// The voice's scales with the flags' overrides.
+pub(crate) fn scales(args: &EngineArgs, voice: &Voice) -> Scales {
+    let d = voice.config.scales;
+    Scales {
+        noise: args.noise_scale.unwrap_or(d.noise),
+        length: args.length_scale.unwrap_or(d.length),
+        noise_w: args.noise_w.unwrap_or(d.noise_w),
+    }
+}
+
 /// Loads the runtime, the sessions and the phonemizer for `voice`.
 pub(crate) fn load(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyhow::Result<Loaded> {
     let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
@@ -51,12 +61,7 @@ pub(crate) fn load(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyhow::Re
     } else {
         1
     };
-    let d = voice.config.scales;
-    let scales = Scales {
-        noise: args.noise_scale.unwrap_or(d.noise),
-        length: args.length_scale.unwrap_or(d.length),
-        noise_w: args.noise_w.unwrap_or(d.noise_w),
-    };
+    let scales = scales(args, &voice);
     let phonemizer = Phonemizer::new(&paths.espeak_parent)?;
     tracing::info!(voice = %voice.name, device = %pool.device(), sessions, intra, max_batch, "engine ready");
     let synth = Synthesizer::new(&voice, phonemizer, pool, scales)?;
@@ -73,12 +78,7 @@ pub(crate) fn load_null(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyho
     let pool = EnginePool::start_with(1, |_| {
         Ok(Box::new(narrator_engine::NullBackend::default()) as Box<dyn narrator_engine::Backend>)
     })?;
-    let d = voice.config.scales;
-    let scales = Scales {
-        noise: args.noise_scale.unwrap_or(d.noise),
-        length: args.length_scale.unwrap_or(d.length),
-        noise_w: args.noise_w.unwrap_or(d.noise_w),
-    };
+    let scales = scales(args, &voice);
     let phonemizer = Phonemizer::new(&paths.espeak_parent)?;
     let synth = Synthesizer::new(&voice, phonemizer, pool, scales)?;
     Ok(Loaded {

@@ -116,12 +116,7 @@ async fn produce(
         keep_work,
     } = req;
     let voice = engine::find_voice(paths, eargs)?;
-    let d = voice.config.scales;
-    let scales = narrator_engine::Scales {
-        noise: eargs.noise_scale.unwrap_or(d.noise),
-        length: eargs.length_scale.unwrap_or(d.length),
-        noise_w: eargs.noise_w.unwrap_or(d.noise_w),
-    };
+    let scales = engine::scales(eargs, &voice);
     let digest = identity_digest(&voice);
     let plan = plan_job(
         doc,
