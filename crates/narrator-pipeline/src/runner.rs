@@ -14,6 +14,7 @@ use std::sync::Arc;
 use narrator_core::{
     AudioStore, Delivery, JobPlan, Segment, SegmentQueue, SegmentRecord, StateStore,
 };
+use futures_util::{StreamExt, stream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
@@ -157,6 +158,9 @@ where
     Ok(finished)
 }
 
+/// Deliveries being phonemized at once.
+const PREP_AHEAD: usize = 4;
+
 type Ready<T> = (Prepared, Delivery<T>);
 
 /// A prepared item that could not be used.
@@ -222,13 +226,23 @@ where
             }
         },
     };
-    let mut records = Vec::with_capacity(done.len());
-    for (result, d) in done {
-        let stored = match result {
-            Ok(s) => {
-                let at = (d.job_id.as_str(), d.attempt, d.enqueued_at_ms);
-                store_one(s, at, stages, worker, started_ms).await
+    // Store and record every segment of the batch at once (the network round trips
+    // overlap), then settle each in order.
+    let stored = futures_util::future::join_all(done.iter().map(|(result, d)| {
+        let at = (d.job_id.as_str(), d.attempt, d.enqueued_at_ms);
+        let synthesized = result.as_ref().ok();
+        async move {
+            match synthesized {
+                Some(s) => store_one(s, at, stages, worker, started_ms).await,
+                None => Err(PipelineError::Internal("synthesis failed")),
             }
+        }
+    }))
+    .await;
+    let mut records = Vec::with_capacity(done.len());
+    for ((result, d), stored) in done.into_iter().zip(stored) {
+        let stored = match result {
+            Ok(_) => stored,
             Err(e) => Err(e),
         };
         match stored {
@@ -253,7 +267,7 @@ where
 }
 
 async fn store_one<A: AudioStore, S: StateStore>(
-    s: crate::synth::Synthesized,
+    s: &crate::synth::Synthesized,
     (job_id, attempt, enqueued_at_ms): (&str, u32, Option<u64>),
     stages: &Stages<A, S>,
     worker: &str,
@@ -299,20 +313,32 @@ where
     let (pq, ps) = (queue.clone(), synth.clone());
     let isolate = opts.isolate_failures;
     let prep = tokio::spawn(async move {
-        loop {
-            let item = match pq.next().await {
-                Ok(Some(d)) => {
-                    let (s, seg) = (ps.clone(), d.segment.clone());
-                    match tokio::task::spawn_blocking(move || s.prepare(seg)).await {
+        // Pull deliveries in order and phonemize up to PREP_AHEAD of them at once, so the
+        // queue's round trips overlap phonemization.
+        let deliveries = stream::unfold(pq, |q| async move {
+            match q.next().await {
+                Ok(Some(d)) => Some((Ok(d), q)),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), q)),
+            }
+        });
+        let prepared = deliveries
+            .map(move |r| {
+                let ps = ps.clone();
+                async move {
+                    let d = r.map_err(|e| Failed::Fatal(e.into()))?;
+                    let seg = d.segment.clone();
+                    match tokio::task::spawn_blocking(move || ps.prepare(seg)).await {
                         Ok(Ok(p)) => Ok((p, d)),
                         Ok(Err(e)) if isolate => Err(Failed::Segment(d, e)),
                         Ok(Err(e)) => Err(Failed::Fatal(e)),
                         Err(e) => Err(Failed::Fatal(PipelineError::Task(e.to_string()))),
                     }
                 }
-                Ok(None) => break,
-                Err(e) => Err(Failed::Fatal(e.into())),
-            };
+            })
+            .buffered(PREP_AHEAD);
+        let mut prepared = std::pin::pin!(prepared);
+        while let Some(item) = prepared.next().await {
             let stop = matches!(item, Err(Failed::Fatal(_)));
             if tx.send(item).await.is_err() || stop {
                 break;
