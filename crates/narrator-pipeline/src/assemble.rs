@@ -133,7 +133,7 @@ fn encoder(path: &Path, spec: &EncoderSpec) -> Result<Box<dyn AudioSink + Send>,
 }
 
 /// Segment reads in flight during assembly.
-const READ_AHEAD: usize = 16;
+const READ_AHEAD: usize = 64;
 
 /// Builds and publishes every output; returns the manifest (already published).
 /// `wall_before` is the synthesis wall time already spent on this job.

@@ -4,9 +4,10 @@
 //! distributed mode). Tasks: one task pulls and phonemizes ahead on blocking threads
 //! (bounded channel, so memory stays flat);
 //! the batching loop takes what is ready, up to `max_batch` segments, sorted by length;
-//! up to `in_flight` batches run at once (one more than the engine has sessions, so the
-//! next batch is ready when a session frees up); each batch's audio is stored, then its
-//! figures recorded, in that order, so a recorded segment always has its audio.
+//! up to `in_flight` batches are in synthesis at once (one more than the engine has
+//! sessions, so the next batch is ready when a session frees up); a synthesized batch
+//! frees its slot, then its audio is stored and its figures recorded, in that order, so
+//! a recorded segment always has its audio.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -50,7 +51,7 @@ pub struct RunOptions {
     pub worker: String,
     /// Utterances per engine run; a batch of segments fills up to this many.
     pub max_batch: usize,
-    /// Batches in flight at once.
+    /// Batches in synthesis at once (storing them does not count).
     pub in_flight: usize,
     /// `false` (embedded): the first failure requeues its batch and ends [`work`] with
     /// the error. `true` (distributed): a failure is handed to [`SegmentQueue::fail`]
@@ -181,6 +182,7 @@ fn unix_ms() -> u64 {
 /// Synthesizes one batch, stores and records each segment, then acknowledges it.
 async fn run_batch<Q, A, S>(
     batch: Vec<Ready<Q::Ticket>>,
+    engine_slot: tokio::sync::OwnedSemaphorePermit,
     stages: &Stages<A, S>,
     queue: &Q,
     worker: &str,
@@ -226,6 +228,9 @@ where
             }
         },
     };
+    // The engine is free for the next batch while this one is stored (the number of
+    // batches being stored is bounded by the queue's prefetch).
+    drop(engine_slot);
     // Store and record every segment of the batch at once (the network round trips
     // overlap), then settle each in order.
     let stored = futures_util::future::join_all(done.iter().map(|(result, d)| {
@@ -411,8 +416,7 @@ where
         let queue = queue.clone();
         let worker = opts.worker.clone();
         tasks.spawn(async move {
-            let _permit = permit;
-            run_batch(batch, &stages, &*queue, &worker, max_batch, isolate).await
+            run_batch(batch, permit, &stages, &*queue, &worker, max_batch, isolate).await
         });
         // Reap finished batches as we go so an error stops the job early.
         while let Some(done) = tasks.try_join_next() {

@@ -672,3 +672,38 @@ fn commands_fail_with_one_clear_line_and_never_print_secrets() {
     assert!(!out.status.success());
     assert!(!err.contains("SuperSecret3") && err.contains("***"), "{err}");
 }
+
+#[test]
+fn a_folder_of_books_is_one_command_and_every_book_becomes_a_done_job() {
+    let mut w = World::new();
+    let dir = w.tmp.path().join("shelf");
+    std::fs::create_dir_all(dir.join("more")).expect("dirs");
+    std::fs::write(dir.join("a.md"), book_text(1, 3, None)).expect("a");
+    std::fs::write(dir.join("b.txt"), "CHAPTER I. One\n\nA first line. A second line.\n").expect("b");
+    std::fs::write(dir.join("more/c.md"), book_text(2, 2, None)).expect("c");
+    std::fs::write(dir.join("notes.json"), "{}").expect("not a book");
+    w.worker("shelf", &["--engine", "null"], &[]);
+    let out = w.ok(&["submit", dir.to_str().expect("utf8"), "--json", "--priority", "3"]);
+    let jobs: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(jobs.len(), 3, "{jobs:?}");
+    for j in &jobs {
+        let id: Uuid = j["job_id"].as_str().expect("id").parse().expect("uuid");
+        w.wait_state(id, JobState::Done, Duration::from_secs(60));
+        assert_eq!(w.status(id)["priority"], 3);
+    }
+    let out = w.ok(&["jobs"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches(" done ").count(), 3, "{text}");
+    let out = w.ok(&["workers", "--json"]);
+    let workers: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let me = workers
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|x| x["id"] == "shelf")
+        .expect("the worker is listed");
+    assert_eq!(me["plan"][0]["engine"], "null", "{me}");
+}
