@@ -17,7 +17,11 @@ use narrator_core::{
     AudioStore, BookEntry, ChapterEntry, JobPlan, Manifest, SegmentEntry, SegmentRecord,
 };
 
-use futures_util::{StreamExt, stream};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use narrator_core::{SeamError, SegmentAudio};
+use tokio::task::JoinHandle;
 
 use crate::PipelineError;
 
@@ -135,12 +139,66 @@ fn encoder(path: &Path, spec: &EncoderSpec) -> Result<Box<dyn AudioSink + Send>,
 /// Segment reads in flight during assembly.
 const READ_AHEAD: usize = 64;
 
+/// Segment audio in index order, fetched by up to [`READ_AHEAD`] tasks ahead of the
+/// reader: a networked store's latency overlaps the encoding instead of adding up, and
+/// the fetches progress while the encoders run.
+struct ReadAhead<A> {
+    store: Arc<A>,
+    job: String,
+    next_to_fetch: u32,
+    total: u32,
+    pending: VecDeque<JoinHandle<Result<SegmentAudio, SeamError>>>,
+}
+
+impl<A: AudioStore + 'static> ReadAhead<A> {
+    fn new(store: Arc<A>, job: String, total: usize) -> Self {
+        let mut r = Self {
+            store,
+            job,
+            next_to_fetch: 0,
+            total: u32::try_from(total).unwrap_or(u32::MAX),
+            pending: VecDeque::with_capacity(READ_AHEAD),
+        };
+        r.fill();
+        r
+    }
+
+    fn fill(&mut self) {
+        while self.pending.len() < READ_AHEAD && self.next_to_fetch < self.total {
+            let (store, job, i) = (self.store.clone(), self.job.clone(), self.next_to_fetch);
+            self.pending
+                .push_back(tokio::spawn(async move { store.get_segment(&job, i).await }));
+            self.next_to_fetch += 1;
+        }
+    }
+
+    async fn next(&mut self) -> Result<SegmentAudio, PipelineError> {
+        let handle = self
+            .pending
+            .pop_front()
+            .ok_or(PipelineError::Internal("read past the last segment"))?;
+        let audio = handle
+            .await
+            .map_err(|e| PipelineError::Task(e.to_string()))??;
+        self.fill();
+        Ok(audio)
+    }
+}
+
+impl<A> Drop for ReadAhead<A> {
+    fn drop(&mut self) {
+        for h in &self.pending {
+            h.abort();
+        }
+    }
+}
+
 /// Builds and publishes every output; returns the manifest (already published).
 /// `wall_before` is the synthesis wall time already spent on this job.
-pub async fn assemble<A: AudioStore>(
+pub async fn assemble<A: AudioStore + 'static>(
     plan: &JobPlan,
     records: &[SegmentRecord],
-    store: &A,
+    store: &Arc<A>,
     opts: &AssembleOptions,
     wall_before: f64,
 ) -> Result<Manifest, PipelineError> {
@@ -169,9 +227,7 @@ pub async fn assemble<A: AudioStore>(
     let mut book = encoder(&book_path, &book_spec)?;
     // Segments are read in order with a few fetches ahead: a networked store's latency
     // overlaps the encoding instead of adding up (memory: READ_AHEAD segments).
-    let mut audio_in_order = stream::iter(0..plan.segments.len() as u32)
-        .map(|i| store.get_segment(&plan.job_id, i))
-        .buffered(READ_AHEAD);
+    let mut audio_in_order = ReadAhead::new(store.clone(), plan.job_id.clone(), plan.segments.len());
 
     for (ci, (ch, cl)) in plan.chapters.iter().zip(&lay.chapters).enumerate() {
         if ci > 0 {
@@ -185,10 +241,7 @@ pub async fn assemble<A: AudioStore>(
         let first = ch.first_segment;
         let end = first + ch.segment_count;
         for i in first..end {
-            let audio = audio_in_order
-                .next()
-                .await
-                .ok_or(PipelineError::Internal("segment stream ended early"))??;
+            let audio = audio_in_order.next().await?;
             let expected = records.get(i as usize).map_or(0, |r| r.samples);
             if audio.samples.len() as u64 != expected {
                 return Err(PipelineError::Corrupt {

@@ -91,7 +91,7 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
         pauses: Pauses::default(),
         staging: dir.path().join("staging"),
     };
-    let m = assemble(&plan, &records, &*stages.store, &aopts, 1.0)
+    let m = assemble(&plan, &records, &stages.store, &aopts, 1.0)
         .await
         .expect("assemble");
     assert_eq!(m.chapters.len(), 12);

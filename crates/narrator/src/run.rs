@@ -238,7 +238,7 @@ async fn produce(
         staging: work.join("staging"),
     };
     let manifest = tokio::task::block_in_place(|| {
-        tokio::runtime::Handle::current().block_on(assemble(&plan, &records, &*store, &aopts, wall))
+        tokio::runtime::Handle::current().block_on(assemble(&plan, &records, &store, &aopts, wall))
     })?;
     progress.finish();
     if !keep_work {

@@ -200,9 +200,10 @@ async fn assemble_job(pool: &PgPool, store: &S3AudioStore, job: Uuid) -> anyhow:
         staging: staging.path().to_path_buf(),
     };
     let plan = stored.plan;
+    let store = Arc::new(store.clone());
     let manifest = tokio::task::block_in_place(|| {
         tokio::runtime::Handle::current()
-            .block_on(assemble(&plan, &records, store, &opts, wall_before))
+            .block_on(assemble(&plan, &records, &store, &opts, wall_before))
     })?;
     let job_text = job.to_string();
     let size = |name: &str| {
