@@ -432,8 +432,10 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
             tracing::warn!(%needle, "fault injection on: segments containing it fail");
             synth = synth.with_fault(Arc::new(move |s| s.text.contains(&needle)));
         }
+        // Enough for the batches in synthesis, the next one ready, and batches still
+        // being stored (they stay unacknowledged until recorded).
         let prefetch = args.prefetch.unwrap_or_else(|| {
-            u16::try_from(loaded.max_batch * (loaded.in_flight + 1)).unwrap_or(u16::MAX)
+            u16::try_from(loaded.max_batch * (loaded.in_flight + 2) + 2).unwrap_or(u16::MAX)
         });
         devices.push(synth.pool().device().to_string());
         plans.push(serde_json::json!({
