@@ -72,10 +72,12 @@ pub enum PipelineError {
     #[error("cannot encode manifest.json: {0}")]
     Manifest(#[source] serde_json::Error),
     /// A failure injected by a test's [`synth::Fault`] hook.
-    #[error("segment {index} cannot be spoken (failure injected by a test hook)")]
+    #[error("segment {index} {} (failure injected by a test hook)", if *permanent { "cannot be spoken" } else { "failed for now" })]
     Injected {
         /// The segment that triggered it.
         index: u32,
+        /// Permanent (never retried) or transient (retried later).
+        permanent: bool,
     },
     /// A bug.
     #[error("internal error: {0}")]
@@ -95,7 +97,8 @@ impl PipelineError {
             PipelineError::Incomplete { .. } => "incomplete",
             PipelineError::Task(_) => "task",
             PipelineError::Manifest(_) => "manifest",
-            PipelineError::Injected { .. } => "text_unspeakable",
+            PipelineError::Injected { permanent: true, .. } => "text_unspeakable",
+            PipelineError::Injected { permanent: false, .. } => "engine_transient",
             PipelineError::Internal(_) => "internal",
         }
     }

@@ -96,10 +96,10 @@ impl std::fmt::Debug for FaultHook {
     }
 }
 
-/// A test hook: segments for which it returns `true` make their whole engine run fail
-/// (as a NaN or a kernel error caused by one item would). Set only by test and
-/// fault-injection set-ups, never by default.
-pub type Fault = Arc<dyn Fn(&Segment) -> bool + Send + Sync>;
+/// A test hook: a segment for which it returns `Some(permanent)` makes its whole engine
+/// run fail (as a NaN or a kernel error caused by one item would), with a permanent or a
+/// transient error. Set only by fault-injection set-ups, never by default.
+pub type Fault = Arc<dyn Fn(&Segment) -> Option<bool> + Send + Sync>;
 
 impl Synthesizer {
     /// Builds the synthesizer for `voice` on a started pool.
@@ -174,11 +174,11 @@ impl Synthesizer {
     ) -> Result<Vec<Synthesized>, PipelineError> {
         let started = Instant::now();
         if let Some(FaultHook(fault)) = &self.fault
-            && let Some(p) = batch.iter().find(|p| fault(&p.segment))
+            && let Some((index, permanent)) = batch
+                .iter()
+                .find_map(|p| fault(&p.segment).map(|permanent| (p.segment.index, permanent)))
         {
-            return Err(PipelineError::Injected {
-                index: p.segment.index,
-            });
+            return Err(PipelineError::Injected { index, permanent });
         }
         let items: Vec<&[i64]> = batch
             .iter()

@@ -106,6 +106,7 @@ impl World {
         c.env("NARRATOR_DATA_DIR", Path::new(ROOT).join(".deps"))
             .env("NARRATOR_DATABASE_URL", &self.db_url)
             .env_remove("NARRATOR_TEST_FAIL_TEXT")
+            .env_remove("NARRATOR_TEST_FAIL_ONCE")
             .env_remove("NARRATOR_TEST_CRASH_AFTER_COMMIT")
             .env_remove("NARRATOR_VOICE");
         c
@@ -706,4 +707,35 @@ fn a_folder_of_books_is_one_command_and_every_book_becomes_a_done_job() {
         .find(|x| x["id"] == "shelf")
         .expect("the worker is listed");
     assert_eq!(me["plan"][0]["engine"], "null", "{me}");
+}
+
+#[test]
+fn a_transient_failure_is_retried_through_the_delay_queue_and_succeeds() {
+    let mut w = World::new();
+    let book = w.book(
+        "flaky.md",
+        &book_text(1, 6, Some((3, "The word Plugh works the second time."))),
+    );
+    w.worker(
+        "flaky",
+        // One segment per batch: a failed batch of several is re-run one by one at once,
+        // which would hide the retry tier this test is about.
+        &["--engine", "null", "--max-batch", "1"],
+        &[("NARRATOR_TEST_FAIL_TEXT", "Plugh"), ("NARRATOR_TEST_FAIL_ONCE", "1")],
+    );
+    let job = w.submit(&book, &["--format", "wav"]);
+    // Attempt 1 fails transiently; the 5 s retry tier brings it back as attempt 2.
+    w.wait_state(job, JobState::Done, Duration::from_secs(60));
+    let attempts: Vec<(i32, i32)> = w.rt.block_on(async {
+        sqlx::query_as("SELECT idx, attempts FROM segments WHERE job_id = $1 ORDER BY idx")
+            .bind(job)
+            .fetch_all(&w.pool)
+            .await
+            .expect("rows")
+    });
+    for (idx, n) in attempts {
+        assert_eq!(n, if idx == 2 { 2 } else { 1 }, "segment {idx}");
+    }
+    assert_eq!(w.status(job)["segments_failed"], 0);
+    assert!(w.worker_log("flaky").contains("segment failed"), "{}", w.worker_log("flaky"));
 }

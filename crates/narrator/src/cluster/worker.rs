@@ -428,9 +428,21 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         };
         let mut synth = loaded.synth;
         if let Ok(needle) = std::env::var("NARRATOR_TEST_FAIL_TEXT") {
-            // Fault injection for tests: a segment containing this text fails its batch.
-            tracing::warn!(%needle, "fault injection on: segments containing it fail");
-            synth = synth.with_fault(Arc::new(move |s| s.text.contains(&needle)));
+            // Fault injection for tests: a segment containing this text fails its batch,
+            // for good, or (NARRATOR_TEST_FAIL_ONCE set) transiently on its first run only.
+            let once = std::env::var_os("NARRATOR_TEST_FAIL_ONCE").is_some();
+            tracing::warn!(%needle, once, "fault injection on: segments containing it fail");
+            let failed = std::sync::Mutex::new(std::collections::HashSet::new());
+            synth = synth.with_fault(Arc::new(move |s| {
+                if !s.text.contains(&needle) {
+                    return None;
+                }
+                if !once {
+                    return Some(true);
+                }
+                let mut seen = failed.lock().unwrap_or_else(|e| e.into_inner());
+                seen.insert(s.text.clone()).then_some(false)
+            }));
         }
         // Enough for the batches in synthesis, the next one ready, and batches still
         // being stored (they stay unacknowledged until recorded).
