@@ -43,8 +43,13 @@ impl Publisher {
     /// Publishes one segment to its voice's work queue and waits for the confirm.
     pub async fn publish(&self, message: &SegmentMessage) -> Result<(), BrokerError> {
         let body = message.encode()?;
-        self.publish_raw("", &work_queue(&message.voice), &body, segment_properties(message))
-            .await
+        self.publish_raw(
+            "",
+            &work_queue(&message.voice),
+            &body,
+            segment_properties(message),
+        )
+        .await
     }
 
     /// Publishes many segments pipelined: every message is sent, then every confirm
@@ -62,7 +67,13 @@ impl Publisher {
             let key = work_queue(&m.voice);
             let confirm = self
                 .channel
-                .basic_publish("".into(), key.as_str().into(), opts, &body, segment_properties(m))
+                .basic_publish(
+                    "".into(),
+                    key.as_str().into(),
+                    opts,
+                    &body,
+                    segment_properties(m),
+                )
                 .await
                 .map_err(|e| BrokerError::amqp(format!("basic.publish {key}"), e))?;
             pending.push((key, confirm));

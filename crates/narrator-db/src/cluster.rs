@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use narrator_core::{ChapterPlan, JobPlan, Segment};
 use serde::{Deserialize, Serialize};
-use sqlx::types::Json;
 use sqlx::postgres::PgRow;
+use sqlx::types::Json;
 use sqlx::{PgExecutor, PgPool, Row};
 use uuid::Uuid;
 

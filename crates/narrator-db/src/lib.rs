@@ -22,8 +22,8 @@ mod store;
 mod workers;
 
 pub use cluster::{
-    JobSettings, Output, RetryOutcome, SegmentCheck, StoredJob, check_segment,
-    claim_assembly_for, fail_settled_jobs, finish_with_outputs, job_outputs, load_job, retry_job, set_settings,
+    JobSettings, Output, RetryOutcome, SegmentCheck, StoredJob, check_segment, claim_assembly_for,
+    fail_settled_jobs, finish_with_outputs, job_outputs, load_job, retry_job, set_settings,
     take_over_assemblies,
 };
 pub use error::DbError;

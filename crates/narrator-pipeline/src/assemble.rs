@@ -166,8 +166,9 @@ impl<A: AudioStore + 'static> ReadAhead<A> {
     fn fill(&mut self) {
         while self.pending.len() < READ_AHEAD && self.next_to_fetch < self.total {
             let (store, job, i) = (self.store.clone(), self.job.clone(), self.next_to_fetch);
-            self.pending
-                .push_back(tokio::spawn(async move { store.get_segment(&job, i).await }));
+            self.pending.push_back(tokio::spawn(
+                async move { store.get_segment(&job, i).await },
+            ));
             self.next_to_fetch += 1;
         }
     }
@@ -227,7 +228,8 @@ pub async fn assemble<A: AudioStore + 'static>(
     let mut book = encoder(&book_path, &book_spec)?;
     // Segments are read in order with a few fetches ahead: a networked store's latency
     // overlaps the encoding instead of adding up (memory: READ_AHEAD segments).
-    let mut audio_in_order = ReadAhead::new(store.clone(), plan.job_id.clone(), plan.segments.len());
+    let mut audio_in_order =
+        ReadAhead::new(store.clone(), plan.job_id.clone(), plan.segments.len());
 
     for (ci, (ch, cl)) in plan.chapters.iter().zip(&lay.chapters).enumerate() {
         if ci > 0 {

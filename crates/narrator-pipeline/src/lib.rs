@@ -97,8 +97,12 @@ impl PipelineError {
             PipelineError::Incomplete { .. } => "incomplete",
             PipelineError::Task(_) => "task",
             PipelineError::Manifest(_) => "manifest",
-            PipelineError::Injected { permanent: true, .. } => "text_unspeakable",
-            PipelineError::Injected { permanent: false, .. } => "engine_transient",
+            PipelineError::Injected {
+                permanent: true, ..
+            } => "text_unspeakable",
+            PipelineError::Injected {
+                permanent: false, ..
+            } => "engine_transient",
             PipelineError::Internal(_) => "internal",
         }
     }

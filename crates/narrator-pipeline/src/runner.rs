@@ -12,10 +12,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use futures_util::{StreamExt, stream};
 use narrator_core::{
     AudioStore, Delivery, JobPlan, Segment, SegmentQueue, SegmentRecord, StateStore,
 };
-use futures_util::{StreamExt, stream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
@@ -198,7 +198,11 @@ where
     let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
     let backup = (isolate && prepared.len() > 1).then(|| prepared.clone());
     let done = match stages.synth.synthesize(prepared, max_batch).await {
-        Ok(d) => d.into_iter().zip(deliveries).map(|(s, d)| (Ok(s), d)).collect(),
+        Ok(d) => d
+            .into_iter()
+            .zip(deliveries)
+            .map(|(s, d)| (Ok(s), d))
+            .collect(),
         Err(e) if !isolate => {
             for d in deliveries {
                 let _ = queue.requeue(d.ticket).await;
@@ -212,19 +216,21 @@ where
                 deliveries
                     .into_iter()
                     .map(|d| {
-                        let e = err.take().unwrap_or(PipelineError::Internal("batch failed"));
+                        let e = err
+                            .take()
+                            .unwrap_or(PipelineError::Internal("batch failed"));
                         (Err(e), d)
                     })
                     .collect()
             }
             Some(prepared) => {
-            // Find the segment(s) at fault: each alone.
-            let mut each = Vec::with_capacity(deliveries.len());
-            for (p, d) in prepared.into_iter().zip(deliveries) {
-                let r = stages.synth.synthesize(vec![p], max_batch).await;
-                each.push((r.map(|mut v| v.remove(0)), d));
-            }
-            each
+                // Find the segment(s) at fault: each alone.
+                let mut each = Vec::with_capacity(deliveries.len());
+                for (p, d) in prepared.into_iter().zip(deliveries) {
+                    let r = stages.synth.synthesize(vec![p], max_batch).await;
+                    each.push((r.map(|mut v| v.remove(0)), d));
+                }
+                each
             }
         },
     };

@@ -306,8 +306,12 @@ impl S3AudioStore {
             // No CRC32 of every body on both ends (the SDK's default since 2025): segments
             // are small and many, and the assembler checks each one's length against its
             // record. Requests stay SigV4-signed.
-            .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
-            .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
+            .request_checksum_calculation(
+                aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
+            )
+            .response_checksum_validation(
+                aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
+            )
             .http_client(http);
         let endpoint = match &cfg.endpoint {
             Some(url) => {

@@ -356,7 +356,10 @@ fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
     assert_eq!(total, 15);
     assert_eq!(st["segments_done"], total);
     assert!(st["rtf"].as_f64().expect("rtf") > 0.0, "{st}");
-    assert!(st["latency_seconds"].as_f64().expect("latency") > 0.0, "{st}");
+    assert!(
+        st["latency_seconds"].as_f64().expect("latency") > 0.0,
+        "{st}"
+    );
     let outputs = st["outputs"].as_array().expect("outputs");
     assert_eq!(
         outputs.iter().filter(|o| o["kind"] == "chapter").count(),
@@ -365,7 +368,10 @@ fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
     );
     for o in outputs {
         let url = o["url"].as_str().expect("presigned url");
-        assert!(url.starts_with("http") && url.contains("X-Amz-Signature"), "{url}");
+        assert!(
+            url.starts_with("http") && url.contains("X-Amz-Signature"),
+            "{url}"
+        );
     }
     let manifest = w.manifest(job);
     assert_eq!(indices(&manifest), (0..total).collect::<Vec<_>>());
@@ -386,7 +392,10 @@ fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
             .expect("figures")
     });
     assert_eq!(rows.len() as u64, total);
-    assert!(rows.iter().all(|(_, worker, _)| ["a", "b", "c"].contains(&worker.as_str())));
+    assert!(
+        rows.iter()
+            .all(|(_, worker, _)| ["a", "b", "c"].contains(&worker.as_str()))
+    );
     assert!(w.worker_log("c").contains("ready"));
 }
 
@@ -410,7 +419,9 @@ fn a_redelivered_finished_segment_is_neither_synthesized_nor_counted_again() {
     w.rt.block_on(async {
         let stored = narrator_db::load_job(&w.pool, job).await.expect("job");
         let conn = narrator_broker::connect(&amqp_url()).await.expect("amqp");
-        let publisher = narrator_broker::Publisher::new(&conn).await.expect("publisher");
+        let publisher = narrator_broker::Publisher::new(&conn)
+            .await
+            .expect("publisher");
         let messages: Vec<SegmentMessage> = stored
             .plan
             .segments
@@ -433,7 +444,11 @@ fn a_redelivered_finished_segment_is_neither_synthesized_nor_counted_again() {
         "{}",
         w.worker_log("second")
     );
-    assert_eq!(w.queue_ready(&queue), 0, "every redelivery was acknowledged");
+    assert_eq!(
+        w.queue_ready(&queue),
+        0,
+        "every redelivery was acknowledged"
+    );
     let after: Vec<(i32, String, chrono::DateTime<chrono::Utc>)> = w.rt.block_on(async {
         sqlx::query_as("SELECT idx, worker, done_at FROM segments WHERE job_id = $1 ORDER BY idx")
             .bind(job)
@@ -443,8 +458,14 @@ fn a_redelivered_finished_segment_is_neither_synthesized_nor_counted_again() {
     });
     assert_eq!(before, after);
     let status_after = w.status(job);
-    assert_eq!(status_after["segments_done"], status_before["segments_done"]);
-    assert_eq!(status_after["audio_seconds"], status_before["audio_seconds"]);
+    assert_eq!(
+        status_after["segments_done"],
+        status_before["segments_done"]
+    );
+    assert_eq!(
+        status_after["audio_seconds"],
+        status_before["audio_seconds"]
+    );
     assert_eq!(status_after["state"], "done");
 }
 
@@ -470,14 +491,20 @@ fn segments_a_crashed_producer_never_published_are_published_by_the_reconciler()
     });
     assert_eq!(unpublished, 12, "nothing was published");
     assert_eq!(w.queue_ready(&narrator_broker::work_queue(VOICE)), 0);
-    w.worker("reconciling", &["--engine", "null", "--reconcile-after", "1"], &[]);
+    w.worker(
+        "reconciling",
+        &["--engine", "null", "--reconcile-after", "1"],
+        &[],
+    );
     w.wait_state(job, JobState::Done, Duration::from_secs(60));
     let still: i64 = w.rt.block_on(async {
-        sqlx::query_scalar("SELECT count(*) FROM segments WHERE job_id = $1 AND published_at IS NULL")
-            .bind(job)
-            .fetch_one(&w.pool)
-            .await
-            .expect("count")
+        sqlx::query_scalar(
+            "SELECT count(*) FROM segments WHERE job_id = $1 AND published_at IS NULL",
+        )
+        .bind(job)
+        .fetch_one(&w.pool)
+        .await
+        .expect("count")
     });
     assert_eq!(still, 0);
     assert_eq!(indices(&w.manifest(job)), (0..12).collect::<Vec<_>>());
@@ -496,8 +523,14 @@ fn take_dead_letter(w: &World, job: Uuid) -> Option<FieldTable> {
                 .await
                 .expect("basic.get")
             {
-                if SegmentMessage::decode(&m.delivery.data).is_ok_and(|d| d.job_id == job.to_string()) {
-                    m.delivery.acker.ack(BasicAckOptions::default()).await.expect("ack");
+                if SegmentMessage::decode(&m.delivery.data)
+                    .is_ok_and(|d| d.job_id == job.to_string())
+                {
+                    m.delivery
+                        .acker
+                        .ack(BasicAckOptions::default())
+                        .await
+                        .expect("ack");
                     found = Some(m.delivery.properties.headers().clone().unwrap_or_default());
                     break;
                 }
@@ -530,7 +563,10 @@ fn a_failing_segment_is_dead_lettered_alone_and_the_job_can_be_retried() {
     // The job fails once its other segments are done.
     let st = w.status(job);
     assert_eq!(st["state"], "failed");
-    assert_eq!(st["segments_done"], 15, "only the poisoned segment failed: {st}");
+    assert_eq!(
+        st["segments_done"], 15,
+        "only the poisoned segment failed: {st}"
+    );
     assert_eq!(st["segments_failed"], 1, "{st}");
     let reason = st["failure_reason"].as_str().expect("reason");
     assert!(
@@ -540,16 +576,21 @@ fn a_failing_segment_is_dead_lettered_alone_and_the_job_can_be_retried() {
         "{reason}"
     );
     let (kind, why): (String, String) = w.rt.block_on(async {
-        sqlx::query_as("SELECT failure_kind, failure_reason FROM segments WHERE job_id = $1 AND idx = 5")
-            .bind(job)
-            .fetch_one(&w.pool)
-            .await
-            .expect("segment row")
+        sqlx::query_as(
+            "SELECT failure_kind, failure_reason FROM segments WHERE job_id = $1 AND idx = 5",
+        )
+        .bind(job)
+        .fetch_one(&w.pool)
+        .await
+        .expect("segment row")
     });
     assert_eq!(kind, "text_unspeakable");
     assert!(why.contains("cannot be spoken"), "{why}");
     let headers = take_dead_letter(&w, job).expect("a dead letter for the job");
-    assert!(headers.inner().contains_key(DEAD_REASON_HEADER), "{headers:?}");
+    assert!(
+        headers.inner().contains_key(DEAD_REASON_HEADER),
+        "{headers:?}"
+    );
 
     assert!(w.stop(faulty, 15).success());
     w.worker("healthy", &["--engine", "null"], &[]);
@@ -595,9 +636,16 @@ fn sigterm_finishes_the_batch_in_flight_and_exits_cleanly() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let status = w.stop(worker, 15);
-    assert!(status.success(), "exit {status}: {}", w.worker_log("draining"));
+    assert!(
+        status.success(),
+        "exit {status}: {}",
+        w.worker_log("draining")
+    );
     let log = w.worker_log("draining");
-    assert!(log.contains("stopping after the batches in flight"), "{log}");
+    assert!(
+        log.contains("stopping after the batches in flight"),
+        "{log}"
+    );
     let done = w.done_count(job);
     assert!(
         log.contains(&format!("stopped after {done} segments")),
@@ -655,8 +703,14 @@ fn commands_fail_with_one_clear_line_and_never_print_secrets() {
         let out = w
             .cmd()
             .args([sub, "--help"])
-            .env("NARRATOR_AMQP_URL", "amqp://user:SuperSecret1@127.0.0.1:1/%2f")
-            .env("NARRATOR_DATABASE_URL", "postgres://u:SuperSecret2@127.0.0.1:1/x")
+            .env(
+                "NARRATOR_AMQP_URL",
+                "amqp://user:SuperSecret1@127.0.0.1:1/%2f",
+            )
+            .env(
+                "NARRATOR_DATABASE_URL",
+                "postgres://u:SuperSecret2@127.0.0.1:1/x",
+            )
             .output()
             .expect("help");
         let text = String::from_utf8_lossy(&out.stdout);
@@ -666,12 +720,18 @@ fn commands_fail_with_one_clear_line_and_never_print_secrets() {
     let out = w
         .cmd()
         .args(["jobs"])
-        .env("NARRATOR_DATABASE_URL", "postgres://u:SuperSecret3@127.0.0.1:1/x")
+        .env(
+            "NARRATOR_DATABASE_URL",
+            "postgres://u:SuperSecret3@127.0.0.1:1/x",
+        )
         .output()
         .expect("jobs");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(!err.contains("SuperSecret3") && err.contains("***"), "{err}");
+    assert!(
+        !err.contains("SuperSecret3") && err.contains("***"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -680,11 +740,21 @@ fn a_folder_of_books_is_one_command_and_every_book_becomes_a_done_job() {
     let dir = w.tmp.path().join("shelf");
     std::fs::create_dir_all(dir.join("more")).expect("dirs");
     std::fs::write(dir.join("a.md"), book_text(1, 3, None)).expect("a");
-    std::fs::write(dir.join("b.txt"), "CHAPTER I. One\n\nA first line. A second line.\n").expect("b");
+    std::fs::write(
+        dir.join("b.txt"),
+        "CHAPTER I. One\n\nA first line. A second line.\n",
+    )
+    .expect("b");
     std::fs::write(dir.join("more/c.md"), book_text(2, 2, None)).expect("c");
     std::fs::write(dir.join("notes.json"), "{}").expect("not a book");
     w.worker("shelf", &["--engine", "null"], &[]);
-    let out = w.ok(&["submit", dir.to_str().expect("utf8"), "--json", "--priority", "3"]);
+    let out = w.ok(&[
+        "submit",
+        dir.to_str().expect("utf8"),
+        "--json",
+        "--priority",
+        "3",
+    ]);
     let jobs: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
@@ -721,7 +791,10 @@ fn a_transient_failure_is_retried_through_the_delay_queue_and_succeeds() {
         // One segment per batch: a failed batch of several is re-run one by one at once,
         // which would hide the retry tier this test is about.
         &["--engine", "null", "--max-batch", "1"],
-        &[("NARRATOR_TEST_FAIL_TEXT", "Plugh"), ("NARRATOR_TEST_FAIL_ONCE", "1")],
+        &[
+            ("NARRATOR_TEST_FAIL_TEXT", "Plugh"),
+            ("NARRATOR_TEST_FAIL_ONCE", "1"),
+        ],
     );
     let job = w.submit(&book, &["--format", "wav"]);
     // Attempt 1 fails transiently; the 5 s retry tier brings it back as attempt 2.
@@ -737,5 +810,9 @@ fn a_transient_failure_is_retried_through_the_delay_queue_and_succeeds() {
         assert_eq!(n, if idx == 2 { 2 } else { 1 }, "segment {idx}");
     }
     assert_eq!(w.status(job)["segments_failed"], 0);
-    assert!(w.worker_log("flaky").contains("segment failed"), "{}", w.worker_log("flaky"));
+    assert!(
+        w.worker_log("flaky").contains("segment failed"),
+        "{}",
+        w.worker_log("flaky")
+    );
 }

@@ -66,7 +66,9 @@ fn print_status(st: &JobStatus, outputs: &[(narrator_db::Output, Option<String>)
             o.key,
             o.seconds,
             o.bytes,
-            url.as_ref().map(|u| format!("\n           {u}")).unwrap_or_default()
+            url.as_ref()
+                .map(|u| format!("\n           {u}"))
+                .unwrap_or_default()
         );
     }
 }
@@ -182,7 +184,10 @@ pub(crate) async fn cancel(args: JobArgs) -> anyhow::Result<()> {
     let state = narrator_db::job_status(&pool, job)
         .await?
         .map_or(JobState::Cancelled, |s| s.summary.state);
-    bail!("job {job} has already ended ({}): nothing to cancel", state.as_str())
+    bail!(
+        "job {job} has already ended ({}): nothing to cancel",
+        state.as_str()
+    )
 }
 
 /// `narrator retry`.

@@ -120,7 +120,9 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             },
         );
         if plan.segments.is_empty() {
-            bail!("{source} has nothing speakable after cleaning; check that it holds readable text");
+            bail!(
+                "{source} has nothing speakable after cleaning; check that it holds readable text"
+            );
         }
         plans.push(plan);
     }

@@ -129,7 +129,8 @@ impl SegmentQueue for GuardedQueue {
         if let Decision::DeadLetter { reason: why } = &decision {
             let (job, index) = (ticket.job, ticket.index);
             let recorded = async {
-                narrator_db::fail_segment(&self.pool, job, index, ticket.attempt, kind, why).await?;
+                narrator_db::fail_segment(&self.pool, job, index, ticket.attempt, kind, why)
+                    .await?;
                 narrator_db::fail_settled_jobs(&self.pool).await
             };
             if let Err(e) = recorded.await {
@@ -202,8 +203,13 @@ async fn assemble_job(pool: &PgPool, store: &S3AudioStore, job: Uuid) -> anyhow:
     let plan = stored.plan;
     let store = Arc::new(store.clone());
     let manifest = tokio::task::block_in_place(|| {
-        tokio::runtime::Handle::current()
-            .block_on(assemble(&plan, &records, &store, &opts, wall_before))
+        tokio::runtime::Handle::current().block_on(assemble(
+            &plan,
+            &records,
+            &store,
+            &opts,
+            wall_before,
+        ))
     })?;
     let job_text = job.to_string();
     let size = |name: &str| {
@@ -276,11 +282,11 @@ async fn assembler(
                     tracing::warn!(error = %e, "cannot end jobs with failed segments");
                 }
                 narrator_db::take_over_assemblies(&pool, &worker, stale)
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "assembly sweep failed");
-                    vec![]
-                })
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "assembly sweep failed");
+                        vec![]
+                    })
             }
         };
         for job in jobs {
@@ -304,7 +310,8 @@ async fn reconciler(
     after: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(after.clamp(Duration::from_secs(1), Duration::from_secs(10)));
+    let mut tick =
+        tokio::time::interval(after.clamp(Duration::from_secs(1), Duration::from_secs(10)));
     loop {
         tokio::select! {
             biased;
@@ -408,7 +415,10 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
     let pool = cluster::database(&args.services).await?;
     let store = cluster::store(&args.services).await?;
     let conn = cluster::broker(&args.services, &format!("narrator-worker {worker_id}")).await?;
-    let channel = conn.create_channel().await.context("opening a RabbitMQ channel")?;
+    let channel = conn
+        .create_channel()
+        .await
+        .context("opening a RabbitMQ channel")?;
     for (voice, _) in &found {
         narrator_broker::declare(&channel, &voice.name).await?;
     }
@@ -487,7 +497,9 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
             let result = work(queue.clone(), &stages, &opts).await;
             // Deliveries prefetched but not started go back to the queue.
             let _ = queue.inner.close().await;
-            result.map(|_| ()).with_context(|| format!("worker loop for voice {name}"))
+            result
+                .map(|_| ())
+                .with_context(|| format!("worker loop for voice {name}"))
         });
     }
     let info = WorkerInfo {
@@ -501,7 +513,13 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
     };
     let every = Duration::from_secs(args.heartbeat.max(1));
     let mut services = tokio::task::JoinSet::new();
-    services.spawn(heartbeat(pool.clone(), info.clone(), done.clone(), every, stop.clone()));
+    services.spawn(heartbeat(
+        pool.clone(),
+        info.clone(),
+        done.clone(),
+        every,
+        stop.clone(),
+    ));
     services.spawn(reconciler(
         pool.clone(),
         Publisher::new(&conn).await?,
