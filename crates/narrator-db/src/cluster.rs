@@ -166,6 +166,15 @@ pub struct StoredJob {
     pub state: JobState,
 }
 
+/// A job's voice (what the reconciler and `retry` need to publish, without the plan).
+pub async fn job_voice(exec: impl PgExecutor<'_>, job: Uuid) -> Result<String, DbError> {
+    sqlx::query_scalar("SELECT voice FROM jobs WHERE id = $1")
+        .bind(job)
+        .fetch_optional(exec)
+        .await?
+        .ok_or(DbError::JobNotFound(job))
+}
+
 /// Loads a job's plan, format and settings.
 pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
     let row = sqlx::query(

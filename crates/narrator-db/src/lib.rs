@@ -23,8 +23,8 @@ mod workers;
 
 pub use cluster::{
     JobSettings, Output, RetryOutcome, SegmentCheck, StoredJob, check_segment, claim_assembly_for,
-    fail_settled_jobs, finish_with_outputs, job_outputs, load_job, retry_job, set_settings,
-    take_over_assemblies,
+    fail_settled_jobs, finish_with_outputs, job_outputs, job_voice, load_job, retry_job,
+    set_settings, take_over_assemblies,
 };
 pub use error::DbError;
 pub use jobs::{

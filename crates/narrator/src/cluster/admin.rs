@@ -15,7 +15,7 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"))
 }
 
-async fn status_json(
+fn status_json(
     st: &JobStatus,
     outputs: &[(narrator_db::Output, Option<String>)],
 ) -> serde_json::Value {
@@ -97,7 +97,7 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
             outputs.push((o, url));
         }
         if args.json {
-            println!("{}", status_json(&st, &outputs).await);
+            println!("{}", status_json(&st, &outputs));
         } else {
             print_status(&st, &outputs);
         }
@@ -201,13 +201,13 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
             state.as_str()
         ),
     };
-    let stored = narrator_db::load_job(&pool, job).await?;
+    let voice = narrator_db::job_voice(&pool, job).await?;
     if !segments.is_empty() {
         let conn = cluster::broker(&args.services, "narrator-retry").await?;
         let channel = conn.create_channel().await?;
-        narrator_broker::declare(&channel, &stored.plan.voice).await?;
+        narrator_broker::declare(&channel, &voice).await?;
         let publisher = Publisher::new(&conn).await?;
-        publish_segments(&pool, &publisher, job, &stored.plan.voice, &segments).await?;
+        publish_segments(&pool, &publisher, job, &voice, &segments).await?;
         let _ = conn.close(200, "done".into()).await;
     }
     println!(

@@ -333,8 +333,8 @@ async fn reconciler(
             by_job.entry(job).or_default().push(seg);
         }
         for (job, segments) in by_job {
-            let voice = match narrator_db::load_job(&pool, job).await {
-                Ok(j) => j.plan.voice,
+            let voice = match narrator_db::job_voice(&pool, job).await {
+                Ok(v) => v,
                 Err(e) => {
                     tracing::warn!(%job, error = %e, "reconciler cannot load a job");
                     continue;
