@@ -131,4 +131,14 @@ pub trait SegmentQueue: Send + Sync {
         let _ = (kind, reason);
         self.requeue(ticket)
     }
+    /// Of `jobs`, those whose segments need no more work (cancelled or ended): the runner
+    /// asks just before a batch goes to the device and acknowledges their segments
+    /// unsynthesized. The default: none (an in-process queue has no cancellation).
+    fn abandoned_jobs(
+        &self,
+        jobs: Vec<String>,
+    ) -> impl Future<Output = Result<Vec<String>, SeamError>> + Send {
+        let _ = jobs;
+        std::future::ready(Ok(Vec::new()))
+    }
 }

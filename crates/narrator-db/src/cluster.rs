@@ -326,3 +326,23 @@ pub async fn fail_settled_jobs(exec: impl PgExecutor<'_>) -> Result<Vec<Uuid>, D
         .map(|r| r.try_get("id").map_err(DbError::from))
         .collect()
 }
+
+/// Of `jobs`, those that need no more segment work: cancelled, failed or done (one
+/// query; the worker asks just before a batch reaches the device).
+pub async fn abandoned_jobs(
+    exec: impl PgExecutor<'_>,
+    jobs: &[Uuid],
+) -> Result<Vec<Uuid>, DbError> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(
+        "SELECT id FROM jobs WHERE id = ANY($1) AND state IN ('cancelled', 'failed', 'done')",
+    )
+    .bind(jobs)
+    .fetch_all(exec)
+    .await?;
+    rows.iter()
+        .map(|r| r.try_get::<Uuid, _>("id").map_err(DbError::from))
+        .collect()
+}

@@ -22,9 +22,9 @@ mod store;
 mod workers;
 
 pub use cluster::{
-    JobSettings, Output, RetryOutcome, SegmentCheck, StoredJob, check_segment, claim_assembly_for,
-    fail_settled_jobs, finish_with_outputs, job_outputs, job_voice, load_job, retry_job,
-    set_settings, take_over_assemblies,
+    JobSettings, Output, RetryOutcome, SegmentCheck, StoredJob, abandoned_jobs, check_segment,
+    claim_assembly_for, fail_settled_jobs, finish_with_outputs, job_outputs, job_voice, load_job,
+    retry_job, set_settings, take_over_assemblies,
 };
 pub use error::DbError;
 pub use jobs::{

@@ -6,6 +6,7 @@
 //! - [`piper`]: the VITS backend; padded batches in, exactly trimmed waveforms out.
 //! - [`pool`]: engine threads (one session each) behind an async handle.
 
+pub mod limit;
 pub mod null;
 pub mod piper;
 pub mod pool;
@@ -15,6 +16,7 @@ pub mod voice;
 
 use std::path::PathBuf;
 
+pub use limit::{MemoryLimit, Paced};
 pub use null::NullBackend;
 pub use piper::{PiperEngine, SessionOptions};
 pub use pool::{EnginePool, PoolOptions};
@@ -79,6 +81,29 @@ pub struct BatchOutput {
     pub inference_seconds: f64,
 }
 
+/// Padded cost of a batch: longest item × items (what the engine allocates for).
+pub fn padded_tokens(items: &[&[i64]]) -> usize {
+    items.iter().map(|i| i.len()).max().unwrap_or(0) * items.len()
+}
+
+/// Whether an ONNX Runtime error message reports a failed allocation (CPU arena, CUDA
+/// BFC arena, cuDNN or cuBLAS workspace).
+pub fn is_allocation_failure(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "failed to allocate",
+        "out of memory",
+        "bfcarena",
+        "cudnn_status_alloc_failed",
+        "cublas_status_alloc_failed",
+        "cudaerrormemoryallocation",
+        "std::bad_alloc",
+        "available memory of",
+    ]
+    .iter()
+    .any(|p| m.contains(p))
+}
+
 /// What can go wrong in inference.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -134,6 +159,20 @@ pub enum EngineError {
         #[source]
         source: ort::Error,
     },
+    /// The device ran out of memory for a batch (the caller halves its budget and retries).
+    #[error(
+        "out of device memory on {device} for a batch of {items} items, {tokens} padded tokens: {detail}"
+    )]
+    OutOfMemory {
+        /// Where.
+        device: Device,
+        /// Items in the batch.
+        items: usize,
+        /// Longest item × items.
+        tokens: usize,
+        /// What the allocator said.
+        detail: String,
+    },
     /// An item with no phonemes.
     #[error("batch item {index} has no phoneme ids")]
     EmptyItem {
@@ -155,6 +194,7 @@ impl EngineError {
             EngineError::VoiceConfig { .. } => "voice_config",
             EngineError::Io { .. } => "io",
             EngineError::Ort { .. } => "inference",
+            EngineError::OutOfMemory { .. } => "out_of_memory",
             EngineError::EmptyItem { .. } => "empty_item",
             EngineError::Stopped => "engine_stopped",
         }

@@ -25,6 +25,9 @@ pub struct SessionOptions {
     pub intra_threads: usize,
     /// Where to run.
     pub device: Device,
+    /// CUDA only: cap on the CUDA arena in bytes (ONNX Runtime's `gpu_mem_limit`).
+    /// Allocations past it fail as out of memory; `None` leaves ONNX Runtime's default.
+    pub gpu_mem_limit: Option<usize>,
 }
 
 /// One loaded voice model in one ONNX Runtime session.
@@ -101,9 +104,12 @@ impl PiperEngine {
         if let Device::Cuda(id) = device {
             let cuda = ort::ep::CUDA::default()
                 .with_device_id(id as i32)
-                .with_conv_algorithm_search(ort::ep::cuda::ConvAlgorithmSearch::Heuristic)
-                .build()
-                .error_on_failure();
+                .with_conv_algorithm_search(ort::ep::cuda::ConvAlgorithmSearch::Heuristic);
+            let cuda = match opts.gpu_mem_limit {
+                Some(limit) => cuda.with_memory_limit(limit),
+                None => cuda,
+            };
+            let cuda = cuda.build().error_on_failure();
             builder = builder
                 .with_execution_providers([cuda])
                 .map_err(|e| ort_err("registering the CUDA execution provider")(e.into()))?;
@@ -176,10 +182,20 @@ impl Backend for PiperEngine {
                     .into(),
             ));
         }
-        let outputs = self
-            .session
-            .run(inputs)
-            .map_err(ort_err("running the voice model"))?;
+        let device = self.device;
+        let outputs = self.session.run(inputs).map_err(|e| {
+            let detail = e.to_string();
+            if crate::is_allocation_failure(&detail) {
+                EngineError::OutOfMemory {
+                    device,
+                    items: b,
+                    tokens: b * t,
+                    detail,
+                }
+            } else {
+                ort_err("running the voice model")(e)
+            }
+        })?;
         let (shape, wave) = outputs["output"]
             .try_extract_tensor::<f32>()
             .map_err(ort_err("reading the audio output"))?;

@@ -36,6 +36,7 @@ fn engine() -> (Voice, PiperEngine) {
     let opts = SessionOptions {
         intra_threads: 2,
         device: Device::Cpu,
+        gpu_mem_limit: None,
     };
     let engine = PiperEngine::load(rt, &voice.model_path, &opts).expect("session");
     (voice, engine)

@@ -10,6 +10,8 @@
 //! plug into the same generic functions.
 
 pub mod assemble;
+pub mod batcher;
+pub mod calibrate;
 pub mod local;
 pub mod plan;
 pub mod queue;
@@ -19,11 +21,13 @@ pub mod synth;
 use std::path::PathBuf;
 
 pub use assemble::{AssembleOptions, assemble};
+pub use batcher::{Batcher, Budget};
+pub use calibrate::{CalibrateOptions, calibrate, warm_up};
 pub use local::{JournalStateStore, LocalAudioStore};
 pub use plan::{AudioIdentity, plan_job};
 pub use queue::InProcessQueue;
 pub use runner::{Event, RunOptions, Stages, synthesize_job, work};
-pub use synth::{Fault, Prepared, Synthesizer};
+pub use synth::{EngineStats, Fallback, Fault, Prepared, Synthesizer, engine_runs};
 
 /// What can stop a job.
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,9 @@
 //! Segments come from a [`SegmentQueue`] (here the in-process one; RabbitMQ in the
 //! distributed mode). Tasks: one task pulls and phonemizes ahead on blocking threads
 //! (bounded channel, so memory stays flat);
-//! the batching loop takes what is ready, up to `max_batch` segments, sorted by length;
+//! the batching loop feeds a [`Batcher`] (length buckets, the synthesizer's token budget,
+//! `max_wait`) and takes a batch from it whenever an engine slot is free, after dropping
+//! segments of jobs the queue reports abandoned;
 //! up to `in_flight` batches are in synthesis at once (one more than the engine has
 //! sessions, so the next batch is ready when a session frees up); a synthesized batch
 //! frees its slot, then its audio is stored and its figures recorded, in that order, so
@@ -11,6 +13,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures_util::{StreamExt, stream};
 use narrator_core::{
@@ -20,6 +23,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::PipelineError;
+use crate::batcher::Batcher;
 use crate::queue::InProcessQueue;
 use crate::synth::{Prepared, Synthesizer};
 
@@ -49,8 +53,6 @@ pub enum Event {
 pub struct RunOptions {
     /// Name recorded with every segment.
     pub worker: String,
-    /// Utterances per engine run; a batch of segments fills up to this many.
-    pub max_batch: usize,
     /// Batches in synthesis at once (storing them does not count).
     pub in_flight: usize,
     /// `false` (embedded): the first failure requeues its batch and ends [`work`] with
@@ -67,10 +69,9 @@ pub struct RunOptions {
 
 impl RunOptions {
     /// Embedded defaults: stop at the first failure, no stop signal.
-    pub fn embedded(worker: String, max_batch: usize, in_flight: usize) -> Self {
+    pub fn embedded(worker: String, in_flight: usize) -> Self {
         Self {
             worker,
-            max_batch,
             in_flight,
             isolate_failures: false,
             stop: None,
@@ -186,7 +187,6 @@ async fn run_batch<Q, A, S>(
     stages: &Stages<A, S>,
     queue: &Q,
     worker: &str,
-    max_batch: usize,
     isolate: bool,
 ) -> Result<Vec<SegmentRecord>, PipelineError>
 where
@@ -197,7 +197,7 @@ where
     let started_ms = unix_ms();
     let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
     let backup = (isolate && prepared.len() > 1).then(|| prepared.clone());
-    let done = match stages.synth.synthesize(prepared, max_batch).await {
+    let done = match stages.synth.synthesize(prepared).await {
         Ok(d) => d
             .into_iter()
             .zip(deliveries)
@@ -227,7 +227,7 @@ where
                 // Find the segment(s) at fault: each alone.
                 let mut each = Vec::with_capacity(deliveries.len());
                 for (p, d) in prepared.into_iter().zip(deliveries) {
-                    let r = stages.synth.synthesize(vec![p], max_batch).await;
+                    let r = stages.synth.synthesize(vec![p]).await;
                     each.push((r.map(|mut v| v.remove(0)), d));
                 }
                 each
@@ -306,6 +306,24 @@ async fn store_one<A: AudioStore, S: StateStore>(
     Ok(record)
 }
 
+/// Takes one prepared item from the phonemizing task: into the batcher, or (a segment
+/// that could not be prepared, isolating mode) to the queue's failure path.
+async fn absorb<Q: SegmentQueue>(
+    item: Result<Ready<Q::Ticket>, Failed<Q::Ticket>>,
+    batcher: &mut Batcher<Ready<Q::Ticket>>,
+    queue: &Q,
+) -> Result<(), PipelineError> {
+    match item {
+        Ok(r) => {
+            let (len, n) = (r.0.max_len(), r.0.utterances.len());
+            batcher.append(r, len, n, Instant::now());
+            Ok(())
+        }
+        Err(Failed::Fatal(e)) => Err(e),
+        Err(Failed::Segment(d, e)) => Ok(queue.fail(d.ticket, e.kind(), &e.to_string()).await?),
+    }
+}
+
 /// The worker loop: pulls segments from `queue` until it ends, phonemizing ahead on
 /// blocking threads, batching what is ready, and acknowledging each segment only after
 /// its audio is stored and its figures recorded. Returns the records it made.
@@ -359,51 +377,98 @@ where
 
     let slots = Arc::new(Semaphore::new(opts.in_flight.max(1)));
     let mut tasks: JoinSet<Result<Vec<SegmentRecord>, PipelineError>> = JoinSet::new();
-    let max_batch = opts.max_batch.max(1);
     let isolate = opts.isolate_failures;
     let mut stop = opts.stop.clone();
     let mut finished = Vec::new();
     let mut failure = None;
+    let mut batcher: Batcher<Ready<Q::Ticket>> = Batcher::new();
+    let mut input_open = true;
     'outer: loop {
         if stop.as_ref().is_some_and(|s| *s.borrow()) {
             break;
         }
-        // Wait for a free slot first, then take whatever is ready: under load the batch
+        // Wait for a free slot first, then let the batcher decide: under load the batch
         // fills with everything that arrived while the engine was busy.
         let permit = slots
             .clone()
             .acquire_owned()
             .await
             .map_err(|_| PipelineError::Internal("semaphore closed"))?;
-        let first = match stop.as_mut() {
-            Some(s) => tokio::select! {
-                biased;
-                _ = s.wait_for(|v| *v) => break,
-                item = rx.recv() => item,
-            },
-            None => rx.recv().await,
-        };
-        let Some(first) = first else { break };
-        let mut batch: Vec<Ready<Q::Ticket>> = Vec::with_capacity(max_batch);
-        let mut next = Some(first);
-        while let Some(item) = next.take() {
-            match item {
-                Ok(r) => batch.push(r),
-                Err(Failed::Fatal(e)) => {
-                    failure = Some(e);
-                    break 'outer;
+        let mut batch = loop {
+            while input_open {
+                match rx.try_recv() {
+                    Ok(item) => {
+                        if let Err(e) = absorb(item, &mut batcher, &*queue).await {
+                            failure = Some(e);
+                            break 'outer;
+                        }
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => input_open = false,
                 }
-                Err(Failed::Segment(d, e)) => {
-                    if let Err(e) = queue.fail(d.ticket, e.kind(), &e.to_string()).await {
+            }
+            let budget = synth.budget();
+            if let Some(b) = batcher.next_batch(&budget, Instant::now(), !input_open) {
+                break b;
+            }
+            if !input_open && batcher.is_empty() {
+                break 'outer;
+            }
+            let deadline = batcher.deadline(&budget);
+            let stopped = async {
+                match stop.as_mut() {
+                    Some(s) => {
+                        let _ = s.wait_for(|v| *v).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let timeout = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = stopped => break 'outer,
+                item = rx.recv(), if input_open => match item {
+                    Some(item) => {
+                        if let Err(e) = absorb(item, &mut batcher, &*queue).await {
+                            failure = Some(e);
+                            break 'outer;
+                        }
+                    }
+                    None => input_open = false,
+                },
+                _ = timeout => {}
+            }
+        };
+        // Segments of jobs cancelled or ended while they waited never reach the device.
+        let mut jobs: Vec<String> = batch.iter().map(|(_, d)| d.job_id.clone()).collect();
+        jobs.sort();
+        jobs.dedup();
+        match queue.abandoned_jobs(jobs).await {
+            Ok(gone) if !gone.is_empty() => {
+                let is_gone = |r: &Ready<Q::Ticket>| gone.contains(&r.1.job_id);
+                let mut dropped = batcher.drop_where(is_gone);
+                let (drop_now, keep): (Vec<_>, Vec<_>) = batch.into_iter().partition(is_gone);
+                dropped.extend(drop_now);
+                batch = keep;
+                tracing::info!(
+                    segments = dropped.len(),
+                    jobs = ?gone,
+                    "dropped segments of cancelled or ended jobs before inference"
+                );
+                for (_, d) in dropped {
+                    if let Err(e) = queue.ack(d.ticket).await {
                         failure = Some(e.into());
                         break 'outer;
                     }
                 }
             }
-            let utterances: usize = batch.iter().map(|(p, _)| p.utterances.len()).sum();
-            if utterances < max_batch {
-                next = rx.try_recv().ok();
-            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot check for cancelled jobs; going on"),
         }
         if batch.is_empty() {
             continue;
@@ -421,9 +486,9 @@ where
         let stages = stages.clone();
         let queue = queue.clone();
         let worker = opts.worker.clone();
-        tasks.spawn(async move {
-            run_batch(batch, permit, &stages, &*queue, &worker, max_batch, isolate).await
-        });
+        tasks.spawn(
+            async move { run_batch(batch, permit, &stages, &*queue, &worker, isolate).await },
+        );
         // Reap finished batches as we go so an error stops the job early.
         while let Some(done) = tasks.try_join_next() {
             match done {

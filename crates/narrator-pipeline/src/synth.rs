@@ -5,10 +5,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use narrator_core::{Segment, SegmentAudio};
-use narrator_engine::{EnginePool, Scales, Voice};
+use std::sync::{Mutex, RwLock};
+
+use narrator_engine::{Device, EngineError, EnginePool, Scales, Voice};
 use narrator_phonemes::{PhonemeIdMap, Phonemizer};
 
 use crate::PipelineError;
+use crate::batcher::Budget;
 
 /// Utterances longer than this many phonemes are cut at a word boundary before synthesis
 /// (VITS quality and memory degrade on very long inputs).
@@ -82,10 +85,43 @@ pub struct Synthesizer {
     phonemizer: Phonemizer,
     ids: PhonemeIdMap,
     espeak_voice: String,
-    pool: EnginePool,
+    pool: RwLock<Arc<EnginePool>>,
     scales: Scales,
     sample_rate: u32,
     fault: Option<FaultHook>,
+    budget: Mutex<Budget>,
+    fallback: Option<FallbackHook>,
+    stats: Mutex<EngineStats>,
+}
+
+/// Builds the CPU pool (and its budget) a GPU worker falls back to after repeated
+/// out-of-memory failures.
+pub type Fallback = Box<dyn Fn() -> Result<(EnginePool, Budget), EngineError> + Send + Sync>;
+
+struct FallbackHook(Fallback);
+
+impl std::fmt::Debug for FallbackHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fallback")
+    }
+}
+
+/// Out-of-memory failures of one batch after which a GPU falls back to CPU.
+pub const OOM_FALLBACK_AFTER: u32 = 3;
+
+/// What the engine has done so far (for the heartbeat and `narrator workers`).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct EngineStats {
+    /// Wall seconds the device spent running batches.
+    pub busy_seconds: f64,
+    /// Engine runs.
+    pub runs: u64,
+    /// Out-of-memory failures (each halved the budget).
+    pub oom_events: u64,
+    /// The last one, in words.
+    pub last_oom: Option<String>,
+    /// Set once the worker fell back to CPU, with why.
+    pub fallback: Option<String>,
 }
 
 struct FaultHook(Fault);
@@ -114,11 +150,49 @@ impl Synthesizer {
             phonemizer,
             ids,
             espeak_voice: voice.config.espeak_voice.clone(),
-            pool,
+            pool: RwLock::new(Arc::new(pool)),
             scales,
             sample_rate: voice.config.sample_rate,
             fault: None,
+            budget: Mutex::new(Budget::single()),
+            fallback: None,
+            stats: Mutex::new(EngineStats::default()),
         })
+    }
+
+    /// Sets the batch budget (from the plan).
+    pub fn with_budget(self, budget: Budget) -> Self {
+        self.set_budget(budget);
+        self
+    }
+
+    /// Installs the CPU fallback used after repeated out-of-memory failures on a GPU.
+    pub fn with_fallback(mut self, fallback: Fallback) -> Self {
+        self.fallback = Some(FallbackHook(fallback));
+        self
+    }
+
+    /// The batch budget now (halved by each out-of-memory failure).
+    pub fn budget(&self) -> Budget {
+        *self.budget.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces the batch budget.
+    pub fn set_budget(&self, budget: Budget) {
+        *self.budget.lock().unwrap_or_else(|e| e.into_inner()) = Budget {
+            max_tokens: budget.max_tokens.max(1),
+            max_requests: budget.max_requests.max(1),
+            max_wait: budget.max_wait,
+        };
+    }
+
+    /// What the engine has done so far.
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn note(&self, f: impl FnOnce(&mut EngineStats)) {
+        f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
     /// Installs a [`Fault`] hook (fault-injection tests only).
@@ -127,14 +201,19 @@ impl Synthesizer {
         self
     }
 
+    /// The scales every run uses.
+    pub fn scales(&self) -> Scales {
+        self.scales
+    }
+
     /// The voice's sample rate.
     pub fn sample_rate(&self) -> u32 {
         self.sample_rate
     }
 
-    /// The engine pool.
-    pub fn pool(&self) -> &EnginePool {
-        &self.pool
+    /// The engine pool (the CPU one after a fallback).
+    pub fn pool(&self) -> Arc<EnginePool> {
+        self.pool.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Phonemizes one segment (blocking: call from a blocking thread).
@@ -165,12 +244,14 @@ impl Synthesizer {
         })
     }
 
-    /// Synthesizes a batch of prepared segments, in engine runs of at most `max_items`
-    /// utterances each.
+    /// Synthesizes a batch of prepared segments, in engine runs within the budget.
+    ///
+    /// Out of memory: the budget is halved and the batch runs again; after
+    /// [`OOM_FALLBACK_AFTER`] failures of one batch on a GPU (or one at the smallest budget)
+    /// the worker falls back to CPU when a fallback is installed, and says so.
     pub async fn synthesize(
         &self,
         batch: Vec<Prepared>,
-        max_items: usize,
     ) -> Result<Vec<Synthesized>, PipelineError> {
         let started = Instant::now();
         if let Some(FaultHook(fault)) = &self.fault
@@ -184,27 +265,58 @@ impl Synthesizer {
             .iter()
             .flat_map(|p| p.utterances.iter().map(Vec::as_slice))
             .collect();
-        // Engine runs of at most `max_items` utterances, shortest first, so each run pads
-        // as little as possible (on CPU one utterance per run was measured fastest).
-        let mut order: Vec<usize> = (0..items.len()).collect();
-        order.sort_by_key(|&i| items[i].len());
-        let mut waves: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
-        let mut inference_seconds = 0.0;
-        let mut largest = 0;
-        for run in order.chunks(max_items.max(1)) {
-            let ids = run.iter().map(|&i| items[i].to_vec()).collect();
-            let out = self.pool.synthesize(ids, self.scales).await?;
-            inference_seconds += out.inference_seconds;
-            largest = largest.max(run.len());
-            if out.audio.len() != run.len() {
-                return Err(PipelineError::Internal(
-                    "engine returned a different number of items",
-                ));
+        let mut failures = 0u32;
+        let (waves, inference_seconds, largest) = loop {
+            let budget = self.budget();
+            match self.run_all(&items, budget).await {
+                Ok(done) => break done,
+                Err(EngineError::OutOfMemory {
+                    device,
+                    items: n,
+                    tokens,
+                    detail,
+                }) => {
+                    failures += 1;
+                    let what = format!("{n} items, {tokens} padded tokens on {device}: {detail}");
+                    self.note(|s| {
+                        s.oom_events += 1;
+                        s.last_oom = Some(what.clone());
+                    });
+                    let smallest = budget.max_requests <= 1 && tokens <= budget.max_tokens.max(1);
+                    let on_gpu = matches!(device, Device::Cuda(_));
+                    if on_gpu
+                        && (failures >= OOM_FALLBACK_AFTER || smallest)
+                        && let Some(FallbackHook(make)) = &self.fallback
+                    {
+                        self.fall_back(make, &what).await?;
+                        continue;
+                    }
+                    if smallest {
+                        return Err(EngineError::OutOfMemory {
+                            device,
+                            items: n,
+                            tokens,
+                            detail,
+                        }
+                        .into());
+                    }
+                    let halved = Budget {
+                        max_tokens: (budget.max_tokens / 2).max(1),
+                        max_requests: (budget.max_requests / 2).max(1),
+                        max_wait: budget.max_wait,
+                    };
+                    tracing::warn!(
+                        error = %what,
+                        max_batch_tokens = halved.max_tokens,
+                        max_batch_requests = halved.max_requests,
+                        "out of memory: halved the batch budget, running the batch again"
+                    );
+                    self.set_budget(halved);
+                }
+                Err(e) => return Err(e.into()),
             }
-            for (&i, wave) in run.iter().zip(out.audio) {
-                waves[i] = wave;
-            }
-        }
+        };
+        self.note(|s| s.busy_seconds += inference_seconds);
         let out = narrator_engine::BatchOutput {
             audio: waves,
             inference_seconds,
@@ -238,6 +350,77 @@ impl Synthesizer {
     }
 }
 
+impl Synthesizer {
+    /// Runs every item in engine runs within `budget`; waves in input order, the
+    /// inference seconds, and the largest run.
+    async fn run_all(
+        &self,
+        items: &[&[i64]],
+        budget: Budget,
+    ) -> Result<(Vec<Vec<f32>>, f64, usize), EngineError> {
+        let pool = self.pool();
+        let lens: Vec<usize> = items.iter().map(|i| i.len()).collect();
+        let mut waves: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
+        let mut inference_seconds = 0.0;
+        let mut largest = 0;
+        for run in engine_runs(&lens, &budget) {
+            let ids = run.iter().map(|&i| items[i].to_vec()).collect();
+            let out = pool.synthesize(ids, self.scales).await?;
+            inference_seconds += out.inference_seconds;
+            self.note(|s| s.runs += 1);
+            largest = largest.max(run.len());
+            if out.audio.len() != run.len() {
+                return Err(EngineError::Stopped);
+            }
+            for (&i, wave) in run.iter().zip(out.audio) {
+                waves[i] = wave;
+            }
+        }
+        Ok((waves, inference_seconds, largest))
+    }
+
+    async fn fall_back(&self, make: &Fallback, what: &str) -> Result<(), PipelineError> {
+        let (pool, budget) = make()?;
+        let reason = format!(
+            "fell back to {} after out-of-memory failures on the GPU (last: {what})",
+            pool.device()
+        );
+        tracing::error!("{reason}");
+        let old = std::mem::replace(
+            &mut *self.pool.write().unwrap_or_else(|e| e.into_inner()),
+            Arc::new(pool),
+        );
+        // Joining the old engine threads blocks: not on the async runtime's threads.
+        tokio::task::spawn_blocking(move || drop(old));
+        self.set_budget(budget);
+        self.note(|s| s.fallback = Some(reason));
+        Ok(())
+    }
+}
+
+/// Splits items (by their lengths) into engine runs: shortest first, each run as long as
+/// its padded cost (longest × items) and its item count stay within `budget`; an item
+/// over the budget on its own runs alone.
+pub fn engine_runs(lens: &[usize], budget: &Budget) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&i| lens[i]);
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    for i in order {
+        let fits = current.is_empty()
+            || (current.len() < budget.max_requests
+                && lens[i] * (current.len() + 1) <= budget.max_tokens);
+        if !fits {
+            runs.push(std::mem::take(&mut current));
+        }
+        current.push(i);
+    }
+    if !current.is_empty() {
+        runs.push(current);
+    }
+    runs
+}
+
 /// Shared handle used by the runner's tasks.
 pub type SharedSynthesizer = Arc<Synthesizer>;
 
@@ -247,6 +430,33 @@ mod tests {
 
     fn ph(s: &str) -> Vec<String> {
         s.chars().map(|c| c.to_string()).collect()
+    }
+
+    fn budget(tokens: usize, requests: usize) -> Budget {
+        Budget {
+            max_tokens: tokens,
+            max_requests: requests,
+            max_wait: std::time::Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn engine_runs_stay_within_the_padded_budget_shortest_first() {
+        let lens = [100, 10, 50, 12, 400, 11];
+        let runs = engine_runs(&lens, &budget(120, 8));
+        assert_eq!(runs, vec![vec![1, 5, 3], vec![2], vec![0], vec![4]]);
+        for r in &runs[..2] {
+            let padded = r.iter().map(|&i| lens[i]).max().unwrap_or(0) * r.len();
+            assert!(padded <= 120, "{r:?}");
+        }
+        // The request cap.
+        assert_eq!(engine_runs(&[5, 5, 5], &budget(1000, 2)).len(), 2);
+        // Budget of one: one item per run (the CPU plan).
+        assert_eq!(
+            engine_runs(&[5, 7, 6], &budget(1, 1)),
+            vec![vec![0], vec![2], vec![1]]
+        );
+        assert!(engine_runs(&[], &budget(10, 1)).is_empty());
     }
 
     #[test]

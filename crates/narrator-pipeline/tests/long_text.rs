@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use narrator_audio::{AudioFormat, Pauses};
 use narrator_core::StateStore;
@@ -13,8 +14,8 @@ use narrator_engine::{
 };
 use narrator_phonemes::Phonemizer;
 use narrator_pipeline::{
-    AssembleOptions, AudioIdentity, Event, JournalStateStore, LocalAudioStore, RunOptions, Stages,
-    Synthesizer, assemble, plan_job, synthesize_job,
+    AssembleOptions, AudioIdentity, Budget, Event, JournalStateStore, LocalAudioStore, RunOptions,
+    Stages, Synthesizer, assemble, plan_job, synthesize_job,
 };
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
@@ -76,7 +77,12 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
     .expect("pool");
     let dir = tempfile::tempdir().expect("tmp");
     let stages = local_stages(pool, dir.path());
-    let opts = RunOptions::embedded("test".into(), 8, 3);
+    stages.synth.set_budget(Budget {
+        max_tokens: 8 * 400,
+        max_requests: 8,
+        max_wait: Duration::ZERO,
+    });
+    let opts = RunOptions::embedded("test".into(), 3);
     let records = synthesize_job(&plan, &stages, &opts)
         .await
         .expect("synthesize");
@@ -172,7 +178,7 @@ async fn an_engine_failure_stops_the_job_and_keeps_finished_segments() {
     .expect("pool");
     let dir = tempfile::tempdir().expect("tmp");
     let stages = local_stages(pool, dir.path());
-    let opts = RunOptions::embedded("test".into(), 1, 1);
+    let opts = RunOptions::embedded("test".into(), 1);
     let err = synthesize_job(&plan, &stages, &opts)
         .await
         .expect_err("must fail");
@@ -188,4 +194,205 @@ async fn an_engine_failure_stops_the_job_and_keeps_finished_segments() {
         done.len()
     );
     assert!(done.iter().all(|r| r.index != 10));
+}
+
+/// Out of memory: a "GPU" with room for 300 padded tokens per run, a plan of 16 items of
+/// up to 402 tokens. Each failure halves the budget and runs the batch again; after three
+/// failures of one batch it falls back to the CPU pool, and every segment is still made
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_halves_the_budget_then_falls_back_to_cpu() {
+    let mut doc = alice();
+    doc.chapters.truncate(1);
+    let id = AudioIdentity {
+        voice: "null",
+        voice_digest: "0",
+        scales: Scales::DETERMINISTIC,
+    };
+    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let gpu = EnginePool::start_with(1, |_| {
+        Ok(Box::new(narrator_engine::MemoryLimit {
+            inner: Box::new(NullBackend::default()),
+            max_tokens: 300,
+            device: Device::Cuda(0),
+        }) as Box<dyn Backend>)
+    })
+    .expect("pool");
+    let dir = tempfile::tempdir().expect("tmp");
+    let fell_back = Arc::new(AtomicUsize::new(0));
+    let f = fell_back.clone();
+    let synth = synthesizer(gpu)
+        .with_budget(Budget {
+            max_tokens: 16 * 402,
+            max_requests: 16,
+            max_wait: Duration::ZERO,
+        })
+        .with_fallback(Box::new(move || {
+            f.fetch_add(1, Ordering::SeqCst);
+            let cpu = EnginePool::start_with(1, |_| {
+                Ok(Box::new(NullBackend::default()) as Box<dyn Backend>)
+            })?;
+            Ok((cpu, Budget::single()))
+        }));
+    let stages = Stages {
+        synth: Arc::new(synth),
+        ..local_stages(
+            EnginePool::start_with(1, |_| {
+                Ok(Box::new(NullBackend::default()) as Box<dyn Backend>)
+            })
+            .expect("pool"),
+            dir.path(),
+        )
+    };
+    let opts = RunOptions::embedded("test".into(), 1);
+    let records = synthesize_job(&plan, &stages, &opts)
+        .await
+        .expect("the job survives out-of-memory failures");
+    assert_eq!(records.len(), plan.segments.len());
+    let stats = stages.synth.stats();
+    assert!(stats.oom_events >= 3, "{stats:?}");
+    assert_eq!(fell_back.load(Ordering::SeqCst), 1, "one fallback");
+    assert!(
+        stats
+            .fallback
+            .as_deref()
+            .is_some_and(|f| f.contains("fell back to cpu")),
+        "{stats:?}"
+    );
+    assert_eq!(stages.synth.pool().device(), Device::Cpu);
+    assert_eq!(stages.synth.budget(), Budget::single());
+    assert!(stats.busy_seconds >= 0.0 && stats.runs as usize >= plan.segments.len() / 16);
+}
+
+/// Without a fallback (a CPU out of memory), halving goes on until batches fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_on_cpu_halves_until_batches_fit() {
+    let mut doc = alice();
+    doc.chapters.truncate(1);
+    let id = AudioIdentity {
+        voice: "null",
+        voice_digest: "0",
+        scales: Scales::DETERMINISTIC,
+    };
+    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let limited = EnginePool::start_with(1, |_| {
+        Ok(Box::new(narrator_engine::MemoryLimit {
+            inner: Box::new(NullBackend::default()),
+            max_tokens: 1000,
+            device: Device::Cpu,
+        }) as Box<dyn Backend>)
+    })
+    .expect("pool");
+    let dir = tempfile::tempdir().expect("tmp");
+    let stages = local_stages(limited, dir.path());
+    stages.synth.set_budget(Budget {
+        max_tokens: 32 * 402,
+        max_requests: 32,
+        max_wait: Duration::ZERO,
+    });
+    let records = synthesize_job(&plan, &stages, &RunOptions::embedded("test".into(), 2))
+        .await
+        .expect("the job finishes on a smaller budget");
+    assert_eq!(records.len(), plan.segments.len());
+    let b = stages.synth.budget();
+    assert!(b.max_tokens <= 1000 && b.max_tokens >= 250, "{b:?}");
+    let stats = stages.synth.stats();
+    assert!(
+        stats.oom_events >= 1 && stats.fallback.is_none(),
+        "{stats:?}"
+    );
+}
+
+/// A queue that reports every job abandoned once `after` segments were acknowledged (as
+/// a cancellation seen by the worker's database check).
+struct Abandoning {
+    inner: narrator_pipeline::InProcessQueue,
+    after: usize,
+    acks: AtomicUsize,
+}
+
+impl narrator_core::SegmentQueue for Abandoning {
+    type Ticket = narrator_pipeline::queue::Ticket;
+
+    async fn next(
+        &self,
+    ) -> Result<Option<narrator_core::Delivery<Self::Ticket>>, narrator_core::SeamError> {
+        self.inner.next().await
+    }
+
+    async fn ack(&self, ticket: Self::Ticket) -> Result<(), narrator_core::SeamError> {
+        self.acks.fetch_add(1, Ordering::SeqCst);
+        self.inner.ack(ticket).await
+    }
+
+    async fn requeue(&self, ticket: Self::Ticket) -> Result<(), narrator_core::SeamError> {
+        self.inner.requeue(ticket).await
+    }
+
+    async fn abandoned_jobs(
+        &self,
+        jobs: Vec<String>,
+    ) -> Result<Vec<String>, narrator_core::SeamError> {
+        Ok(if self.acks.load(Ordering::SeqCst) >= self.after {
+            jobs
+        } else {
+            Vec::new()
+        })
+    }
+}
+
+/// Once the job is abandoned, the segments waiting in the batcher are acknowledged
+/// without reaching the engine, and the worker loop drains and ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_of_an_abandoned_job_never_reach_the_engine() {
+    let mut doc = alice();
+    doc.chapters.truncate(1);
+    let id = AudioIdentity {
+        voice: "null",
+        voice_digest: "0",
+        scales: Scales::DETERMINISTIC,
+    };
+    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let pool = EnginePool::start_with(1, move |_| {
+        Ok(Box::new(FailOn {
+            len: usize::MAX,
+            calls: c.clone(),
+        }) as Box<dyn Backend>)
+    })
+    .expect("pool");
+    let dir = tempfile::tempdir().expect("tmp");
+    let stages = local_stages(pool, dir.path());
+    let queue = Arc::new(Abandoning {
+        inner: narrator_pipeline::InProcessQueue::new(),
+        after: 5,
+        acks: AtomicUsize::new(0),
+    });
+    queue
+        .inner
+        .publish(&plan.job_id, plan.segments.clone())
+        .expect("publish");
+    queue.inner.close();
+    let records =
+        narrator_pipeline::work(queue.clone(), &stages, &RunOptions::embedded("t".into(), 1))
+            .await
+            .expect("work");
+    let total = plan.segments.len();
+    assert!(total > 40, "{total}");
+    assert!(
+        records.len() >= 5 && records.len() < 10,
+        "{} of {total} synthesized",
+        records.len()
+    );
+    assert_eq!(
+        queue.acks.load(Ordering::SeqCst),
+        total,
+        "every segment acknowledged"
+    );
+    assert!(
+        calls.load(Ordering::SeqCst) < 10 + 5,
+        "engine runs: {}",
+        calls.load(Ordering::SeqCst)
+    );
 }

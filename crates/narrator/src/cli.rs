@@ -47,9 +47,19 @@ pub(crate) struct EngineArgs {
     /// Engine sessions, one thread each (default 1).
     #[arg(long, env = "NARRATOR_SESSIONS", default_value_t = 1)]
     pub(crate) sessions: usize,
-    /// Utterances per engine run (default: 1 on CPU, where batching was measured slower; 8 on CUDA).
+    /// Utterances per engine run, overriding the plan (default: planned from the
+    /// calibration; see `narrator plan`).
     #[arg(long, env = "NARRATOR_MAX_BATCH")]
     pub(crate) max_batch: Option<usize>,
+    /// How the batch plan is found: `auto` (a cached calibration, else measure one, up to
+    /// 30 s), `always` (measure again), `cached` (a cached one, else the defaults).
+    /// Default: auto for `worker` and `plan`, cached for `run` and `synth`.
+    #[arg(long, env = "NARRATOR_CALIBRATE")]
+    pub(crate) calibrate: Option<String>,
+    /// CUDA only: cap ONNX Runtime's CUDA arena at this many MiB (allocations past it fail
+    /// as out of memory, which halves the batch budget).
+    #[arg(long, env = "NARRATOR_GPU_MEM_LIMIT_MIB")]
+    pub(crate) gpu_mem_limit_mib: Option<usize>,
     /// Noise scale (default: the voice's). 0 makes output deterministic.
     #[arg(long)]
     pub(crate) noise_scale: Option<f32>,
@@ -105,6 +115,35 @@ pub(crate) enum Command {
     Retry(JobArgs),
     /// Create or update the database schema.
     Migrate(MigrateArgs),
+    /// This machine's hardware profile and the inference checklist (NUMA affinity,
+    /// persistence mode, power limit, throttling, swap, RAM vs VRAM, CUDA driver vs
+    /// runtime). Exits 1 when a check fails with severity error.
+    Doctor(DoctorArgs),
+    /// The batch plan a worker would run here (calibrating the voice if no calibration is
+    /// cached), or on simulated GPUs.
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// Print JSON (the profile, the runtime and the findings).
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PlanArgs {
+    /// One JSON object per plan per line.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also plan for a simulated GPU, e.g. 'Tesla T4:16' or 'NVIDIA H200:141' (repeatable).
+    #[arg(long, value_name = "NAME:GIB")]
+    pub(crate) simulate_gpu: Vec<String>,
+    /// Memory per padded token in bytes, instead of calibrating (simulated GPUs only).
+    #[arg(long)]
+    pub(crate) bytes_per_token: Option<f64>,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
 }
 
 /// Where the services are. Secrets come from the environment and are never printed.

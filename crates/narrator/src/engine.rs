@@ -2,10 +2,12 @@
 
 use anyhow::Context;
 use narrator_engine::{
-    Device, EnginePool, PoolOptions, Scales, SessionOptions, Voice, load_runtime,
+    Backend, Device, EnginePool, MemoryLimit, PiperEngine, PoolOptions, Scales, SessionOptions,
+    Voice, load_runtime,
 };
+use narrator_hardware::{Calibration, DeviceSpec, HardwareProfile, Plan, PlanLimits};
 use narrator_phonemes::Phonemizer;
-use narrator_pipeline::Synthesizer;
+use narrator_pipeline::{Budget, CalibrateOptions, Synthesizer, calibrate};
 
 use crate::cli::EngineArgs;
 use crate::paths::Paths;
@@ -13,8 +15,54 @@ use crate::paths::Paths;
 /// A loaded voice and how it will be run.
 pub(crate) struct Loaded {
     pub(crate) synth: Synthesizer,
-    pub(crate) max_batch: usize,
     pub(crate) in_flight: usize,
+    /// The plan the budget came from.
+    pub(crate) plan: Plan,
+    /// The calibration the plan used (measured, cached or none).
+    pub(crate) calibration: Option<Calibration>,
+}
+
+impl Loaded {
+    /// The plan with what actually runs (after flags and the engine's limits).
+    pub(crate) fn plan_json(&self) -> serde_json::Value {
+        let b = self.synth.budget();
+        let mut v = serde_json::to_value(&self.plan).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("max_batch_tokens".into(), b.max_tokens.into());
+            o.insert("max_batch_requests".into(), b.max_requests.into());
+            o.insert("max_wait_ms".into(), (b.max_wait.as_millis() as u64).into());
+            if let Some(c) = &self.calibration {
+                o.insert("calibration".into(), serde_json::json!({
+                    "source": c.source, "bytes_per_token": c.bytes_per_token,
+                    "fixed_bytes": c.fixed_bytes, "points": c.points.len(), "seconds": c.seconds,
+                }));
+            }
+        }
+        v
+    }
+}
+
+/// How a plan is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Planning {
+    /// A cached calibration, or measure one now (workers, `narrator plan`).
+    Calibrate,
+    /// Measure again even if cached.
+    Recalibrate,
+    /// A cached calibration if there is one, else the defaults (embedded runs).
+    CachedOnly,
+}
+
+impl std::str::FromStr for Planning {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "auto" => Planning::Calibrate,
+            "always" => Planning::Recalibrate,
+            "cached" => Planning::CachedOnly,
+            other => anyhow::bail!("--calibrate {other}: use auto, always or cached"),
+        })
+    }
 }
 
 /// Finds the voice (cheap, so bad names fail before anything heavy is loaded).
@@ -32,58 +80,359 @@ pub(crate) fn scales(args: &EngineArgs, voice: &Voice) -> Scales {
     }
 }
 
-/// Loads the runtime, the sessions and the phonemizer for `voice`.
-pub(crate) fn load(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyhow::Result<Loaded> {
+/// Longest utterance the phonemizer hands the engine (a `--max-batch N` budget is N of them).
+const MAX_ITEM_TOKENS: usize = narrator_pipeline::synth::MAX_PHONEMES + 2;
+
+/// Sentence-sized calibration items, in padded tokens.
+pub(crate) const ITEM_TOKENS: usize = 128;
+
+/// The device as the planner sees it: the GPU's memory from NVML, or this machine's cores
+/// and available memory (cgroup limits included).
+pub(crate) fn device_spec(device: Device, profile: &HardwareProfile) -> DeviceSpec {
+    match device {
+        Device::Cuda(i) => match profile.gpus.iter().find(|g| g.index == i) {
+            Some(g) => DeviceSpec::Gpu {
+                name: g.name.clone(),
+                index: i,
+                total_bytes: g.memory_total_bytes,
+                free_bytes: g.memory_free_bytes,
+            },
+            // CUDA without NVML (or a test's claimed GPU): plan as an unknown 16 GiB card.
+            None => DeviceSpec::Gpu {
+                name: "unknown GPU".into(),
+                index: i,
+                total_bytes: 16 << 30,
+                free_bytes: 15 << 30,
+            },
+        },
+        _ => DeviceSpec::Cpu {
+            cores: profile.cpu.usable_cores.max(1),
+            available_bytes: profile.memory.cgroup_limit_bytes.map_or(
+                profile.memory.available_bytes,
+                |l| {
+                    l.saturating_sub(profile.memory.cgroup_usage_bytes.unwrap_or(0))
+                        .min(profile.memory.available_bytes)
+                },
+            ),
+        },
+    }
+}
+
+fn slug(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Where a calibration of this voice, device model, runtime and thread layout is cached.
+pub(crate) fn calibration_path(
+    paths: &Paths,
+    voice: &str,
+    model: &str,
+    runtime: &str,
+    intra: usize,
+    sessions: usize,
+) -> std::path::PathBuf {
+    paths.cache.join("calibration").join(format!(
+        "{}__{}__ort-{}__{intra}x{sessions}.json",
+        slug(voice),
+        slug(model),
+        slug(runtime)
+    ))
+}
+
+fn read_cached(path: &std::path::Path) -> Option<Calibration> {
+    let text = std::fs::read_to_string(path).ok()?;
+    match serde_json::from_str::<Calibration>(&text) {
+        Ok(mut c) => {
+            c.source = "cache".into();
+            Some(c)
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable cached calibration");
+            None
+        }
+    }
+}
+
+fn write_cached(path: &std::path::Path, c: &Calibration) {
+    let write = || -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(c).unwrap_or_default())?;
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        tracing::warn!(path = %path.display(), error = %e, "cannot cache the calibration");
+    }
+}
+
+/// Test hook: `NARRATOR_TEST_GPU_MEMORY_TOKENS=N` makes the engine claim to be `cuda:0`
+/// with room for N padded tokens per run, so the out-of-memory path (halve, retry, fall
+/// back to CPU) runs on machines without a GPU.
+fn test_memory_limit() -> Option<usize> {
+    std::env::var("NARRATOR_TEST_GPU_MEMORY_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+/// Loads the runtime, the sessions and the phonemizer for `voice`, and plans its batches.
+pub(crate) fn load(
+    paths: &Paths,
+    args: &EngineArgs,
+    voice: Voice,
+    planning: Planning,
+) -> anyhow::Result<Loaded> {
     let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
     let rt = load_runtime(&paths.onnxruntime)?;
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let profile = narrator_hardware::probe();
+    let cores = profile.cpu.usable_cores.max(1);
     let sessions = args.sessions.max(1);
-    // On CPU the measured best was one session using every core, one segment per run.
     let intra = args
         .intra_threads
         .unwrap_or_else(|| (cores / sessions).max(1));
-    let pool = EnginePool::start(
-        rt,
-        voice.model_path.clone(),
-        PoolOptions {
-            sessions,
-            session: SessionOptions {
-                intra_threads: intra,
-                device,
-            },
-        },
-    )
-    .with_context(|| format!("loading voice {}", voice.name))?;
-    let on_gpu = matches!(pool.device(), Device::Cuda(_));
-    let max_batch = args.max_batch.unwrap_or(if on_gpu { 8 } else { 1 });
-    let max_batch = if pool.supports_batching() {
-        max_batch
-    } else {
-        1
+    let session = SessionOptions {
+        intra_threads: intra,
+        device,
+        gpu_mem_limit: args.gpu_mem_limit_mib.map(|m| m << 20),
     };
+    let pool = match test_memory_limit() {
+        None => EnginePool::start(
+            rt,
+            voice.model_path.clone(),
+            PoolOptions {
+                sessions,
+                session: session.clone(),
+            },
+        ),
+        Some(limit) => {
+            let bytes = std::fs::read(&voice.model_path)?;
+            let s = session.clone();
+            EnginePool::start_with(sessions, move |_| {
+                let cpu = SessionOptions {
+                    device: Device::Cpu,
+                    ..s.clone()
+                };
+                Ok(Box::new(MemoryLimit {
+                    inner: Box::new(PiperEngine::from_bytes(rt, bytes.clone(), &cpu)?),
+                    max_tokens: limit,
+                    device: Device::Cuda(0),
+                }) as Box<dyn Backend>)
+            })
+        }
+    }
+    .with_context(|| format!("loading voice {}", voice.name))?;
     let scales = scales(args, &voice);
     let phonemizer = Phonemizer::new(&paths.espeak_parent)?;
-    tracing::info!(voice = %voice.name, device = %pool.device(), sessions, intra, max_batch, "engine ready");
-    let synth = Synthesizer::new(&voice, phonemizer, pool, scales)?;
+    let name = voice.name.clone();
+    let mut synth = Synthesizer::new(&voice, phonemizer, pool, scales)?;
+    let used = synth.pool().device();
+    let spec = device_spec(used, &profile);
+    let runtime = narrator_hardware::doctor::version_from_library_path(&rt.library)
+        .unwrap_or_else(|| "unknown".into());
+    let cache = calibration_path(paths, &name, &spec.model(), &runtime, intra, sessions);
+    let limits = PlanLimits::default();
+    let cached = match planning {
+        Planning::Recalibrate => None,
+        _ => read_cached(&cache),
+    };
+    let calibration = match (cached, planning) {
+        (Some(c), _) => Some(c),
+        (None, Planning::CachedOnly) => None,
+        (None, _) => {
+            eprintln!(
+                "calibrating {name} on {} (up to 30 s, once per voice, device and runtime)",
+                spec.label()
+            );
+            let on_gpu = matches!(spec, DeviceSpec::Gpu { .. });
+            let gpu_index = match used {
+                Device::Cuda(i) => i,
+                _ => 0,
+            };
+            let memory_now = move || {
+                if on_gpu {
+                    narrator_hardware::memory::gpu_used_bytes(gpu_index)
+                        .or_else(narrator_hardware::memory::process_peak_rss)
+                } else {
+                    narrator_hardware::memory::process_peak_rss()
+                }
+            };
+            let reset = || {
+                narrator_hardware::memory::reset_peak_rss();
+            };
+            let free = match &spec {
+                DeviceSpec::Gpu { free_bytes, .. } => *free_bytes,
+                DeviceSpec::Cpu {
+                    available_bytes, ..
+                } => *available_bytes,
+            };
+            let opts = CalibrateOptions {
+                voice: name.clone(),
+                device_model: spec.model(),
+                runtime: runtime.clone(),
+                item_tokens: ITEM_TOKENS,
+                max_batch: 256,
+                max_duration: std::time::Duration::from_secs(25),
+                knee_gain: limits.knee_gain,
+                memory_limit: (free as f64 * (1.0 - limits.safety_margin)) as u64,
+                memory_now: &memory_now,
+                reset: &reset,
+                intra_threads: intra,
+                sessions,
+            };
+            let c = tokio::task::block_in_place(|| calibrate(&synth, &opts))
+                .with_context(|| format!("calibrating voice {name}"))?;
+            write_cached(&cache, &c);
+            Some(c)
+        }
+    };
+    let mut plan = match &calibration {
+        Some(c) => narrator_hardware::plan(&spec, c, &limits),
+        None => {
+            // No calibration: the measured CPU default (one item per run), or a
+            // conservative GPU batch until the worker calibrates.
+            let mut c = Calibration::supplied(&name, 0.0, ITEM_TOKENS);
+            c.device_model = spec.model();
+            let mut p = narrator_hardware::plan(&spec, &c, &limits);
+            if let DeviceSpec::Gpu { .. } = spec {
+                p.batch_items = 8;
+                p.max_batch_tokens = 8 * ITEM_TOKENS;
+                p.max_batch_requests = 8 * ITEM_TOKENS / limits.short_item_tokens;
+                p.max_wait_ms = 5;
+                p.prefetch = 2 * p.max_batch_requests + 1;
+                p.reason = "no calibration cached for this GPU: 8 sentence-sized items; run `narrator plan` to calibrate".into();
+            }
+            p
+        }
+    };
+    plan.sessions = sessions;
+    plan.intra_threads = intra;
+    if let Some(n) = args.max_batch {
+        plan.max_batch_requests = n.max(1);
+        plan.max_batch_tokens = n.max(1) * MAX_ITEM_TOKENS;
+        plan.batch_items = n.max(1);
+        plan.prefetch = 2 * plan.max_batch_requests * sessions + sessions;
+        plan.reason = format!(
+            "set by --max-batch {n} (the measured plan was: {})",
+            plan.reason
+        );
+    }
+    if !synth.pool().supports_batching() {
+        plan.max_batch_requests = 1;
+        plan.reason = format!(
+            "{} (this voice cannot be batched exactly: one item per run)",
+            plan.reason
+        );
+    }
+    synth.set_budget(Budget {
+        max_tokens: plan.max_batch_tokens,
+        max_requests: plan.max_batch_requests,
+        max_wait: std::time::Duration::from_millis(plan.max_wait_ms),
+    });
+    if matches!(used, Device::Cuda(_)) {
+        // After repeated out-of-memory failures: the same voice on CPU, one item per run.
+        let model = voice.model_path.clone();
+        let cpu = SessionOptions {
+            intra_threads: cores,
+            device: Device::Cpu,
+            gpu_mem_limit: None,
+        };
+        synth = synth.with_fallback(Box::new(move || {
+            let pool = EnginePool::start(
+                rt,
+                model.clone(),
+                PoolOptions {
+                    sessions: 1,
+                    session: cpu.clone(),
+                },
+            )?;
+            Ok((pool, Budget::single()))
+        }));
+    }
+    tracing::info!(voice = %name, device = %used, sessions, intra, plan = ?plan, "engine ready");
     Ok(Loaded {
         synth,
-        max_batch,
         in_flight: sessions + 1,
+        plan,
+        calibration,
     })
 }
 
 /// The voice's phonemizer with the null engine (silence of the right length, instantly):
 /// everything around inference runs for real, for control-plane benchmarks and tests.
+/// Its plan is fixed (`--max-batch`, default 32); `NARRATOR_TEST_GPU_MEMORY_TOKENS` puts it
+/// behind a claimed GPU's memory limit, with the null engine on CPU as the fallback.
 pub(crate) fn load_null(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyhow::Result<Loaded> {
-    let pool = EnginePool::start_with(1, |_| {
-        Ok(Box::new(narrator_engine::NullBackend::default()) as Box<dyn narrator_engine::Backend>)
+    let limit = test_memory_limit();
+    // Test hook: every engine run takes this long, whatever its size (a GPU-like worker
+    // whose speed grows with its batch budget).
+    let pace = std::env::var("NARRATOR_TEST_RUN_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(std::time::Duration::from_millis);
+    let pool = EnginePool::start_with(1, move |_| {
+        let mut null = Box::new(narrator_engine::NullBackend::default()) as Box<dyn Backend>;
+        if let Some(per_run) = pace {
+            null = Box::new(narrator_engine::Paced {
+                inner: null,
+                per_run,
+            });
+        }
+        Ok(match limit {
+            Some(max_tokens) => Box::new(MemoryLimit {
+                inner: null,
+                max_tokens,
+                device: Device::Cuda(0),
+            }),
+            None => null,
+        })
     })?;
     let scales = scales(args, &voice);
     let phonemizer = Phonemizer::new(&paths.espeak_parent)?;
-    let synth = Synthesizer::new(&voice, phonemizer, pool, scales)?;
+    let n = args.max_batch.unwrap_or(32).max(1);
+    let mut synth = Synthesizer::new(&voice, phonemizer, pool, scales)?.with_budget(Budget {
+        max_tokens: n * MAX_ITEM_TOKENS,
+        max_requests: n,
+        max_wait: std::time::Duration::ZERO,
+    });
+    if limit.is_some() {
+        synth = synth.with_fallback(Box::new(|| {
+            let pool = EnginePool::start_with(1, |_| {
+                Ok(Box::new(narrator_engine::NullBackend::default()) as Box<dyn Backend>)
+            })?;
+            Ok((pool, Budget::single()))
+        }));
+    }
+    let device = synth.pool().device();
+    let plan = Plan {
+        device: device.to_string(),
+        device_model: if limit.is_some() {
+            "test GPU (memory limit)".into()
+        } else {
+            "cpu".into()
+        },
+        max_batch_tokens: n * MAX_ITEM_TOKENS,
+        max_batch_requests: n,
+        max_wait_ms: 0,
+        intra_threads: 1,
+        sessions: 1,
+        prefetch: 2 * n + 1,
+        memory_budget_bytes: 0,
+        batch_items: n,
+        reason: "null engine: fixed plan (--max-batch)".into(),
+    };
     Ok(Loaded {
         synth,
-        max_batch: args.max_batch.unwrap_or(32),
         in_flight: 4,
+        plan,
+        calibration: None,
     })
 }

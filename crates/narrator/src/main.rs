@@ -3,6 +3,7 @@
 mod cli;
 mod cluster;
 mod engine;
+mod hardware;
 mod paths;
 mod progress;
 mod run;
@@ -73,6 +74,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Cancel(a) => cluster::admin::cancel(a).await,
         Command::Retry(a) => cluster::admin::retry(a).await,
         Command::Migrate(a) => cluster::admin::migrate(a).await,
+        Command::Doctor(a) => hardware::doctor(&cli.global, a),
+        Command::Plan(a) => hardware::plan(&cli.global, a),
     }
 }
 

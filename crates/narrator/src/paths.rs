@@ -13,6 +13,8 @@ pub(crate) struct Paths {
     pub(crate) voices: PathBuf,
     pub(crate) onnxruntime: PathBuf,
     pub(crate) espeak_parent: PathBuf,
+    /// Calibrations and other measured facts (DATA_DIR/cache).
+    pub(crate) cache: PathBuf,
 }
 
 fn find_deps() -> Option<PathBuf> {
@@ -75,10 +77,12 @@ impl Paths {
             ))
             .context("locating the phonemizer data");
         }
+        let cache = espeak_parent.join("cache");
         Ok(Self {
             voices,
             onnxruntime,
             espeak_parent,
+            cache,
         })
     }
 }

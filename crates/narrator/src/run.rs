@@ -193,7 +193,11 @@ async fn produce(
     let state = Arc::new(JournalStateStore::open(work.join("journal.jsonl"))?);
 
     let started = Instant::now();
-    let loaded = engine::load(paths, eargs, voice)?;
+    let planning = match eargs.calibrate.as_deref() {
+        Some(p) => p.parse()?,
+        None => engine::Planning::CachedOnly,
+    };
+    let loaded = engine::load(paths, eargs, voice, planning)?;
     let synth = Arc::new(loaded.synth);
     let progress = Arc::new(Progress::new(show_progress, started));
     let p = progress.clone();
@@ -220,7 +224,7 @@ async fn produce(
         }
         p.event(&e);
     });
-    let opts = RunOptions::embedded(worker_name(), loaded.max_batch, loaded.in_flight);
+    let opts = RunOptions::embedded(worker_name(), loaded.in_flight);
     let stages = Stages {
         synth,
         store: store.clone(),

@@ -554,3 +554,113 @@ fn batched_runs_sound_the_same_as_one_utterance_at_a_time() {
     // 1e-3 of full scale after Piper's peak normalization is about 33 LSB.
     assert!(max_diff <= 40, "batched audio differs by {max_diff} LSB");
 }
+
+#[test]
+fn doctor_reports_the_profile_and_the_checklist_as_json() {
+    let out = run_ok(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor JSON");
+    let logical = v["cpu"]["logical_cores"]
+        .as_u64()
+        .expect("cpu.logical_cores");
+    let physical = v["cpu"]["physical_cores"]
+        .as_u64()
+        .expect("cpu.physical_cores");
+    assert!(logical >= 1 && physical >= 1 && physical <= logical, "{v}");
+    assert!(
+        v["memory"]["total_bytes"]
+            .as_u64()
+            .expect("memory.total_bytes")
+            > 1 << 30
+    );
+    assert!(v["memory"]["swap_used_bytes"].is_u64(), "{v}");
+    assert!(v["gpus"].is_array(), "{v}");
+    let findings = v["findings"].as_array().expect("findings[]");
+    assert!(!findings.is_empty());
+    for f in findings {
+        for k in ["check", "severity", "measured", "why", "fix"] {
+            assert!(f[k].is_string(), "finding without {k}: {f}");
+        }
+    }
+    // No GPU here: a CPU profile with the reason, not an error.
+    if v["gpus"].as_array().is_some_and(|g| g.is_empty()) {
+        assert_eq!(v["gpu_probe"]["available"], false);
+        assert!(
+            v["gpu_probe"]["reason"]
+                .as_str()
+                .is_some_and(|r| !r.is_empty())
+        );
+    }
+    assert!(
+        v["runtime"]["version"].is_string(),
+        "the runtime was found: {v}"
+    );
+    let text = run_ok(&["doctor"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("CPU:") && text.contains("Memory:"), "{text}");
+}
+
+fn plan_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+#[test]
+fn plans_for_simulated_gpus_follow_the_field_guide_and_fit_in_memory() {
+    // 2 MiB per padded token: 256 MiB for a 128-token sentence.
+    let out = run_ok(&[
+        "plan",
+        "--json",
+        "--bytes-per-token",
+        "2097152",
+        "--simulate-gpu",
+        "Tesla T4:16",
+        "--simulate-gpu",
+        "NVIDIA GeForce RTX 3090:24",
+        "--simulate-gpu",
+        "NVIDIA A100-SXM4-80GB:80",
+    ]);
+    let plans = plan_lines(&out);
+    assert_eq!(plans.len(), 3, "{plans:?}");
+    for (p, (gib, guide)) in plans.iter().zip([(16u64, 4u64), (24, 8), (80, 16)]) {
+        for k in [
+            "device",
+            "max_batch_tokens",
+            "max_batch_requests",
+            "max_wait_ms",
+            "intra_threads",
+            "sessions",
+            "prefetch",
+            "reason",
+        ] {
+            assert!(!p[k].is_null(), "plan without {k}: {p}");
+        }
+        assert!(p["batch_items"].as_u64().unwrap_or(0) >= guide, "{p}");
+        let budget = p["memory_budget_bytes"].as_u64().unwrap_or(u64::MAX);
+        assert!(budget < gib << 30, "{p}");
+    }
+    let err = run_err(&["plan", "--simulate-gpu", "T4"]);
+    assert!(err.contains("NAME:GIB"), "{err}");
+    let err = run_err(&["plan", "--bytes-per-token", "0", "--simulate-gpu", "X:4"]);
+    assert!(err.contains("positive"), "{err}");
+}
+
+#[test]
+fn plan_calibrates_this_machine_once_and_then_reads_the_cache() {
+    let measured = run_ok(&["plan", "--json", "--calibrate", "always"]);
+    let p = &plan_lines(&measured)[0];
+    assert_eq!(p["device"], "cpu", "{p}");
+    assert_eq!(p["calibration"]["source"], "measured", "{p}");
+    assert!(p["calibration"]["points"].as_u64().unwrap_or(0) >= 1, "{p}");
+    assert!(
+        p["calibration"]["seconds"].as_f64().unwrap_or(99.0) < 30.0,
+        "{p}"
+    );
+    assert!(p["max_batch_requests"].as_u64().unwrap_or(0) >= 1, "{p}");
+    assert!(p["reason"].as_str().is_some_and(|r| r.len() > 20), "{p}");
+    let cached = run_ok(&["plan", "--json"]);
+    let q = &plan_lines(&cached)[0];
+    assert_eq!(q["calibration"]["source"], "cache", "{q}");
+    assert_eq!(q["max_batch_tokens"], p["max_batch_tokens"]);
+}

@@ -816,3 +816,158 @@ fn a_transient_failure_is_retried_through_the_delay_queue_and_succeeds() {
         w.worker_log("flaky")
     );
 }
+
+/// `rabbitmqctl`'s view of every channel with a consumer: (prefetch, unacknowledged).
+fn consumer_holdings() -> Vec<(u64, u64)> {
+    let out = Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "--no-table-headers",
+            "list_channels",
+            "prefetch_count",
+            "messages_unacknowledged",
+            "consumer_count",
+        ])
+        .output()
+        .expect("rabbitmqctl (the broker's own CLI) must be runnable for this test");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let n: Vec<u64> = l
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            (n.len() == 3 && n[2] > 0).then(|| (n[0], n[1]))
+        })
+        .collect()
+}
+
+fn worker_plan(w: &World, id: &str) -> serde_json::Value {
+    let out = w.ok(&["workers", "--json"]);
+    let workers: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    workers
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|x| x["id"] == id)
+        .unwrap_or_else(|| panic!("worker {id} is listed: {workers}"))["plan"][0]
+        .clone()
+}
+
+/// Two workers with different budgets on one queue (engine runs of 100 ms whatever their
+/// size, like a GPU below its knee): each holds at most its plan's prefetch (two batches
+/// plus one), and the one with the 4× budget does several times the work.
+#[test]
+fn two_workers_with_different_plans_pull_in_proportion_and_hold_only_their_prefetch() {
+    let mut w = World::new();
+    let pace = [("NARRATOR_TEST_RUN_MS", "100")];
+    w.worker("small", &["--engine", "null", "--max-batch", "2"], &pace);
+    w.worker("large", &["--engine", "null", "--max-batch", "8"], &pace);
+    let (small, large) = (worker_plan(&w, "small"), worker_plan(&w, "large"));
+    assert_eq!(small["prefetch"], 5, "2 batches of 2 + 1: {small}");
+    assert_eq!(large["prefetch"], 17, "2 batches of 8 + 1: {large}");
+    assert_eq!(large["max_batch_requests"], 8, "{large}");
+    let job = w.submit(
+        &w.book("fleet.md", &book_text(8, 45, None)),
+        &["--format", "wav"],
+    );
+    let mut samples = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while w.state(job) != JobState::Done {
+        assert!(Instant::now() < deadline, "job not done: {}", w.status(job));
+        samples.extend(consumer_holdings());
+    }
+    assert!(samples.len() >= 2, "{samples:?}");
+    for &(prefetch, unacked) in &samples {
+        assert!(
+            unacked <= prefetch,
+            "a consumer holds {unacked} > its prefetch {prefetch}"
+        );
+        assert!(
+            [5, 17].contains(&prefetch),
+            "only the two workers consume: {samples:?}"
+        );
+    }
+    assert!(
+        samples.iter().any(|&(p, u)| p == 17 && u > 5),
+        "the large worker held more than the small one's prefetch at some point: {samples:?}"
+    );
+    let per_worker: Vec<(String, i64)> = w.rt.block_on(async {
+        sqlx::query_as(
+            "SELECT worker, count(*) FROM segments WHERE job_id = $1 GROUP BY worker ORDER BY worker",
+        )
+        .bind(job)
+        .fetch_all(&w.pool)
+        .await
+        .expect("per worker")
+    });
+    let count = |id: &str| {
+        per_worker
+            .iter()
+            .find(|(w, _)| w == id)
+            .map_or(0, |(_, n)| *n)
+    };
+    let (s, l) = (count("small"), count("large"));
+    eprintln!(
+        "segments per worker: {per_worker:?}; {} holdings sampled",
+        samples.len()
+    );
+    assert!(s > 0, "both pulled work: {per_worker:?}");
+    assert!(
+        l as f64 >= 2.0 * s as f64,
+        "the 4x budget did at least twice the segments: {per_worker:?}"
+    );
+}
+
+/// A "GPU" with room for 150 padded tokens per run and a plan of 8 items: out-of-memory
+/// failures halve the budget, then the worker falls back to CPU, the job finishes, and
+/// the workers table records the events and the fallback.
+#[test]
+fn out_of_memory_is_recorded_and_the_worker_falls_back_to_cpu() {
+    let mut w = World::new();
+    w.worker(
+        "oom",
+        &["--engine", "null", "--max-batch", "8"],
+        &[("NARRATOR_TEST_GPU_MEMORY_TOKENS", "150")],
+    );
+    let before = worker_plan(&w, "oom");
+    assert_eq!(before["device"], "cuda:0", "{before}");
+    let job = w.submit(
+        &w.book("oom.md", &book_text(2, 12, None)),
+        &["--format", "wav"],
+    );
+    w.wait_state(job, JobState::Done, Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let plan = loop {
+        let p = worker_plan(&w, "oom");
+        if p["fallback"].is_string() || Instant::now() > deadline {
+            break p;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(plan["oom_events"].as_u64().unwrap_or(0) >= 3, "{plan}");
+    assert!(
+        plan["last_oom"]
+            .as_str()
+            .is_some_and(|s| s.contains("padded tokens")),
+        "{plan}"
+    );
+    assert!(
+        plan["fallback"]
+            .as_str()
+            .is_some_and(|s| s.contains("fell back to cpu")),
+        "{plan}"
+    );
+    assert_eq!(plan["device"], "cpu", "{plan}");
+    assert_eq!(plan["max_batch_requests"], 1, "{plan}");
+    assert_eq!(
+        w.done_count(job) as usize,
+        w.status(job)["segments_total"].as_u64().unwrap_or(0) as usize
+    );
+    assert!(w.worker_log("oom").contains("fell back to cpu"));
+}

@@ -124,6 +124,17 @@ impl SegmentQueue for GuardedQueue {
         self.inner.requeue(ticket.inner).await
     }
 
+    async fn abandoned_jobs(&self, jobs: Vec<String>) -> Result<Vec<String>, SeamError> {
+        let ids: Vec<Uuid> = jobs
+            .iter()
+            .filter_map(|j| Uuid::parse_str(j).ok())
+            .collect();
+        let gone = narrator_db::abandoned_jobs(&self.pool, &ids)
+            .await
+            .map_err(|e| SeamError::new(e.kind(), e.to_string(), e))?;
+        Ok(gone.iter().map(Uuid::to_string).collect())
+    }
+
     async fn fail(&self, ticket: GuardTicket, kind: &str, reason: &str) -> Result<(), SeamError> {
         let decision = failure_decision(kind, reason, ticket.attempt);
         if let Decision::DeadLetter { reason: why } = &decision {
@@ -348,15 +359,95 @@ async fn reconciler(
     }
 }
 
+/// One voice's engine, as the heartbeat reports it.
+struct Report {
+    voice: String,
+    engine: String,
+    prefetch: u16,
+    base: serde_json::Value,
+    synth: Arc<narrator_pipeline::Synthesizer>,
+}
+
+/// What the worker says about itself at each heartbeat: the hardware profile, and per
+/// voice the plan with the budget now (halved by out-of-memory failures), those failures,
+/// a fallback to CPU, and the device-busy fraction since the last beat.
+struct Describe {
+    id: String,
+    host: String,
+    device: String,
+    hardware: serde_json::Value,
+    reports: Vec<Report>,
+    /// (when, busy seconds per voice) at the last beat.
+    last: std::sync::Mutex<Option<(std::time::Instant, Vec<f64>)>>,
+}
+
+impl Describe {
+    fn info(&self) -> WorkerInfo {
+        let now = std::time::Instant::now();
+        let stats: Vec<_> = self.reports.iter().map(|r| r.synth.stats()).collect();
+        let busy: Vec<f64> = stats.iter().map(|s| s.busy_seconds).collect();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let fractions: Vec<Option<f64>> = match &*last {
+            Some((at, before)) => {
+                let wall = now.duration_since(*at).as_secs_f64();
+                busy.iter()
+                    .zip(before)
+                    .map(|(b, a)| (wall > 0.0).then(|| ((b - a) / wall).clamp(0.0, 1.0)))
+                    .collect()
+            }
+            None => vec![None; busy.len()],
+        };
+        *last = Some((now, busy));
+        let plans = self
+            .reports
+            .iter()
+            .zip(stats)
+            .zip(fractions)
+            .map(|((r, st), busy_fraction)| {
+                let b = r.synth.budget();
+                let mut v = r.base.clone();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("voice".into(), r.voice.clone().into());
+                    o.insert("engine".into(), r.engine.clone().into());
+                    o.insert("prefetch".into(), r.prefetch.into());
+                    o.insert("device".into(), r.synth.pool().device().to_string().into());
+                    o.insert("max_batch_tokens".into(), b.max_tokens.into());
+                    o.insert("max_batch_requests".into(), b.max_requests.into());
+                    o.insert("max_wait_ms".into(), (b.max_wait.as_millis() as u64).into());
+                    o.insert("busy_seconds".into(), st.busy_seconds.into());
+                    o.insert("device_busy_fraction".into(), busy_fraction.into());
+                    o.insert("engine_runs".into(), st.runs.into());
+                    o.insert("oom_events".into(), st.oom_events.into());
+                    o.insert("last_oom".into(), st.last_oom.into());
+                    o.insert("fallback".into(), st.fallback.into());
+                }
+                v
+            })
+            .collect();
+        let device = self.reports.first().map_or_else(
+            || self.device.clone(),
+            |r| r.synth.pool().device().to_string(),
+        );
+        WorkerInfo {
+            id: self.id.clone(),
+            host: self.host.clone(),
+            device,
+            hardware: self.hardware.clone(),
+            plan: serde_json::Value::Array(plans),
+        }
+    }
+}
+
 async fn heartbeat(
     pool: PgPool,
-    info: WorkerInfo,
+    describe: Arc<Describe>,
     done: Arc<AtomicU64>,
     every: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(every);
     loop {
+        let info = describe.info();
         if let Err(e) = narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
@@ -426,7 +517,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
     let (stop_tx, stop) = watch::channel(false);
     let (complete_tx, complete_rx) = mpsc::unbounded_channel();
     let done = Arc::new(AtomicU64::new(0));
-    let mut plans = Vec::new();
+    let mut reports: Vec<Report> = Vec::new();
     let mut devices = Vec::new();
     let mut loops = tokio::task::JoinSet::new();
     for (voice, eargs) in found {
@@ -434,8 +525,21 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         let loaded = if null_engine {
             engine::load_null(paths, &eargs, voice)?
         } else {
-            engine::load(paths, &eargs, voice)?
+            let planning = match eargs.calibrate.as_deref() {
+                Some(p) => p.parse()?,
+                None => engine::Planning::Calibrate,
+            };
+            let loaded = engine::load(paths, &eargs, voice, planning)?;
+            // One batch at the full budget before consuming: a plan too large for the
+            // device fails (or shrinks) here, not in the middle of a book.
+            let secs = tokio::task::block_in_place(|| {
+                narrator_pipeline::warm_up(&loaded.synth, engine::ITEM_TOKENS)
+            })
+            .with_context(|| format!("warming up voice {name} at the planned batch"))?;
+            tracing::info!(voice = %name, seconds = secs, "warm-up at the full budget done");
+            loaded
         };
+        let base = loaded.plan_json();
         let mut synth = loaded.synth;
         if let Ok(needle) = std::env::var("NARRATOR_TEST_FAIL_TEXT") {
             // Fault injection for tests: a segment containing this text fails its batch,
@@ -454,17 +558,27 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
                 seen.insert(s.text.clone()).then_some(false)
             }));
         }
-        // Enough for the batches in synthesis, the next one ready, and batches still
-        // being stored (they stay unacknowledged until recorded).
-        let prefetch = args.prefetch.unwrap_or_else(|| {
-            u16::try_from(loaded.max_batch * (loaded.in_flight + 2) + 2).unwrap_or(u16::MAX)
-        });
+        // Two batches per session plus one being stored (the plan's prefetch).
+        let prefetch = args
+            .prefetch
+            .unwrap_or_else(|| u16::try_from(loaded.plan.prefetch.max(1)).unwrap_or(u16::MAX));
         devices.push(synth.pool().device().to_string());
-        plans.push(serde_json::json!({
-            "voice": name, "max_batch": loaded.max_batch, "in_flight": loaded.in_flight,
-            "prefetch": prefetch, "device": synth.pool().device().to_string(),
-            "engine": args.engine,
-        }));
+        eprintln!(
+            "voice {name} on {}: {} items/run, {} padded tokens, wait {} ms, prefetch {prefetch} ({})",
+            synth.pool().device(),
+            synth.budget().max_requests,
+            synth.budget().max_tokens,
+            synth.budget().max_wait.as_millis(),
+            loaded.plan.reason
+        );
+        let synth = Arc::new(synth);
+        reports.push(Report {
+            voice: name.clone(),
+            engine: args.engine.clone(),
+            prefetch,
+            base,
+            synth: synth.clone(),
+        });
         let consumer = Consumer::start(&conn, &name, prefetch).await?;
         let queue = Arc::new(GuardedQueue {
             inner: consumer,
@@ -473,7 +587,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
             worker: worker_id.clone(),
         });
         let stages = Stages {
-            synth: Arc::new(synth),
+            synth,
             store: Arc::new(store.clone()),
             state: Arc::new(ClusterState {
                 pool: pool.clone(),
@@ -488,7 +602,6 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         };
         let opts = RunOptions {
             worker: worker_id.clone(),
-            max_batch: loaded.max_batch,
             in_flight: loaded.in_flight,
             isolate_failures: true,
             stop: Some(stop.clone()),
@@ -502,20 +615,22 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
                 .with_context(|| format!("worker loop for voice {name}"))
         });
     }
-    let info = WorkerInfo {
+    let profile = narrator_hardware::probe();
+    tracing::info!(hardware = %profile.summary(), "hardware profile");
+    let describe = Describe {
         id: worker_id.clone(),
         host: cluster::host_name(),
         device: devices.first().cloned().unwrap_or_else(|| "cpu".into()),
-        hardware: serde_json::json!({
-            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
-        }),
-        plan: serde_json::Value::Array(plans),
+        hardware: serde_json::to_value(&profile).unwrap_or_default(),
+        reports,
+        last: std::sync::Mutex::new(None),
     };
     let every = Duration::from_secs(args.heartbeat.max(1));
     let mut services = tokio::task::JoinSet::new();
+    let describe = Arc::new(describe);
     services.spawn(heartbeat(
         pool.clone(),
-        info.clone(),
+        describe.clone(),
         done.clone(),
         every,
         stop.clone(),
@@ -556,7 +671,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         }
     }
     while services.join_next().await.is_some() {}
-    let _ = narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await;
+    let _ = narrator_db::heartbeat(&pool, &describe.info(), done.load(Ordering::Relaxed)).await;
     let _ = conn.close(200, "worker stopped".into()).await;
     eprintln!(
         "worker {worker_id}: stopped after {} segments",

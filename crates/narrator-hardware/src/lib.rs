@@ -1,0 +1,16 @@
+//! What a worker runs on, and how it should run there.
+//!
+//! - [`profile`]: one probe of GPUs (NVML), CPU, memory, swap, cgroup limits and NUMA into a
+//!   [`HardwareProfile`]; no NVML or no GPU is a CPU profile with the reason, never an error.
+//! - [`doctor`]: the field guide's checklist as findings (severity, measured, why, fix).
+//! - [`plan`]: batch plans from free memory and a calibration (memory per padded token,
+//!   throughput per batch size), with the knee where throughput stops improving.
+
+pub mod doctor;
+pub mod memory;
+pub mod plan;
+pub mod profile;
+
+pub use doctor::{Finding, RuntimeFacts, Severity, diagnose};
+pub use plan::{Calibration, CalibrationPoint, DeviceSpec, Plan, PlanLimits, plan};
+pub use profile::{CpuInfo, GpuInfo, HardwareProfile, MemoryInfo, probe};

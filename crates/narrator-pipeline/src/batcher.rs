@@ -1,0 +1,387 @@
+//! Dynamic batching: which waiting segments go to the device together.
+//!
+//! Plain state, no runtime: [`Batcher::append`] adds a segment with its longest utterance
+//! and its number of utterances; [`Batcher::next_batch`] hands out a batch when one is
+//! worth running. Segments are kept in buckets by length (powers of two of their longest
+//! utterance), so a batch mixes similar lengths and pads little. The cost of a batch is
+//! its padded cost: its longest utterance × its utterances, the size of the tensors the
+//! engine allocates for it (as TEI/TGI count `max_batch_tokens`).
+//!
+//! A batch leaves when a bucket fills the token or request budget, or when the oldest
+//! segment has waited `max_wait` (then it goes with the nearest lengths that still fit),
+//! or at once when the caller flushes (input ended, or a zero wait). A segment costlier
+//! than the whole budget runs alone. [`Batcher::drop_where`] removes segments of
+//! cancelled jobs before they reach the device. The runner drives it as a small actor.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Limits of one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Padded cost (longest utterance × utterances) at most.
+    pub max_tokens: usize,
+    /// Utterances at most.
+    pub max_requests: usize,
+    /// How long the oldest segment may wait for a fuller batch.
+    pub max_wait: Duration,
+}
+
+impl Budget {
+    /// One utterance per batch, no waiting (the CPU default before calibration).
+    pub fn single() -> Self {
+        Self {
+            max_tokens: 1,
+            max_requests: 1,
+            max_wait: Duration::ZERO,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    item: T,
+    max_len: usize,
+    items: usize,
+    at: Instant,
+    seq: u64,
+}
+
+/// Waiting segments in length buckets (see the module docs).
+#[derive(Debug)]
+pub struct Batcher<T> {
+    buckets: BTreeMap<usize, VecDeque<Entry<T>>>,
+    len: usize,
+    seq: u64,
+}
+
+impl<T> Default for Batcher<T> {
+    fn default() -> Self {
+        Self {
+            buckets: BTreeMap::new(),
+            len: 0,
+            seq: 0,
+        }
+    }
+}
+
+/// What a growing batch holds so far.
+#[derive(Default, Clone, Copy)]
+struct Tally {
+    max_len: usize,
+    items: usize,
+    entries: usize,
+}
+
+impl Tally {
+    fn with(self, max_len: usize, items: usize) -> Tally {
+        Tally {
+            max_len: self.max_len.max(max_len),
+            items: self.items + items,
+            entries: self.entries + 1,
+        }
+    }
+
+    fn cost(self) -> usize {
+        self.max_len * self.items
+    }
+
+    /// Whether an entry may join: always the first one; later ones while within budget.
+    fn admits(self, budget: &Budget, max_len: usize, items: usize) -> bool {
+        if self.entries == 0 {
+            return true;
+        }
+        let next = self.with(max_len, items);
+        next.cost() <= budget.max_tokens && next.items <= budget.max_requests
+    }
+
+    fn full(self, budget: &Budget) -> bool {
+        self.cost() >= budget.max_tokens || self.items >= budget.max_requests
+    }
+}
+
+fn bucket_of(max_len: usize) -> usize {
+    max_len.max(1).next_power_of_two()
+}
+
+impl<T> Batcher<T> {
+    /// An empty batcher.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Segments waiting.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Adds a segment whose longest utterance has `max_len` ids and which has `items`
+    /// utterances, waiting since `at`.
+    pub fn append(&mut self, item: T, max_len: usize, items: usize, at: Instant) {
+        self.seq += 1;
+        self.buckets
+            .entry(bucket_of(max_len))
+            .or_default()
+            .push_back(Entry {
+                item,
+                max_len,
+                items: items.max(1),
+                at,
+                seq: self.seq,
+            });
+        self.len += 1;
+    }
+
+    /// When the oldest segment's wait runs out (`None` when empty).
+    pub fn deadline(&self, budget: &Budget) -> Option<Instant> {
+        self.oldest().map(|(_, e)| e.at + budget.max_wait)
+    }
+
+    fn oldest(&self) -> Option<(usize, &Entry<T>)> {
+        self.buckets
+            .iter()
+            .filter_map(|(k, q)| q.front().map(|e| (*k, e)))
+            .min_by_key(|(_, e)| e.seq)
+    }
+
+    /// How many entries from the front of `bucket` join a batch that already holds
+    /// `tally`, and the tally after them.
+    fn fill(&self, bucket: usize, mut tally: Tally, budget: &Budget) -> (usize, Tally) {
+        let mut n = 0;
+        if let Some(q) = self.buckets.get(&bucket) {
+            for e in q {
+                if !tally.admits(budget, e.max_len, e.items) {
+                    break;
+                }
+                tally = tally.with(e.max_len, e.items);
+                n += 1;
+            }
+        }
+        (n, tally)
+    }
+
+    /// The next batch, if one should leave now: a full bucket (the one whose head waited
+    /// longest), else, once the oldest segment waited `max_wait` or `flush` is set, the
+    /// oldest segment's bucket topped up from the nearest lengths.
+    pub fn next_batch(&mut self, budget: &Budget, now: Instant, flush: bool) -> Option<Vec<T>> {
+        let mut full: Option<(u64, usize, usize)> = None;
+        for (&k, q) in &self.buckets {
+            let Some(head) = q.front() else { continue };
+            let (n, tally) = self.fill(k, Tally::default(), budget);
+            let stopped_early = n < q.len();
+            if (stopped_early || tally.full(budget)) && full.is_none_or(|(s, _, _)| head.seq < s) {
+                full = Some((head.seq, k, n));
+            }
+        }
+        if let Some((_, k, n)) = full {
+            return Some(self.take(&[(k, n)]));
+        }
+        let (home, oldest) = self.oldest()?;
+        if !(flush || now.saturating_duration_since(oldest.at) >= budget.max_wait) {
+            return None;
+        }
+        let (n, mut tally) = self.fill(home, Tally::default(), budget);
+        let mut plan = vec![(home, n)];
+        // Nearest lengths first: neighbours below and above, alternating by distance.
+        let mut others: Vec<usize> = self
+            .buckets
+            .keys()
+            .copied()
+            .filter(|&k| k != home)
+            .collect();
+        others.sort_by_key(|&k| (k.max(home) / k.min(home).max(1), k));
+        for k in others {
+            let (n, t) = self.fill(k, tally, budget);
+            if n > 0 {
+                plan.push((k, n));
+                tally = t;
+            }
+        }
+        Some(self.take(&plan))
+    }
+
+    fn take(&mut self, plan: &[(usize, usize)]) -> Vec<T> {
+        let mut out = Vec::new();
+        for &(k, n) in plan {
+            if let Some(q) = self.buckets.get_mut(&k) {
+                out.extend(q.drain(..n.min(q.len())).map(|e| e.item));
+                if q.is_empty() {
+                    self.buckets.remove(&k);
+                }
+            }
+        }
+        self.len -= out.len();
+        out
+    }
+
+    /// Removes and returns every waiting segment for which `pred` holds (segments of
+    /// cancelled jobs, before they reach the device).
+    pub fn drop_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut out = Vec::new();
+        for q in self.buckets.values_mut() {
+            let (gone, kept): (VecDeque<_>, VecDeque<_>) = q.drain(..).partition(|e| pred(&e.item));
+            *q = kept;
+            out.extend(gone.into_iter().map(|e| e.item));
+        }
+        self.buckets.retain(|_, q| !q.is_empty());
+        self.len -= out.len();
+        out
+    }
+
+    /// Every waiting segment, oldest first (when the worker stops).
+    pub fn drain(&mut self) -> Vec<T> {
+        let mut all: Vec<Entry<T>> = std::mem::take(&mut self.buckets)
+            .into_values()
+            .flatten()
+            .collect();
+        all.sort_by_key(|e| e.seq);
+        self.len = 0;
+        all.into_iter().map(|e| e.item).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(tokens: usize, requests: usize, wait_ms: u64) -> Budget {
+        Budget {
+            max_tokens: tokens,
+            max_requests: requests,
+            max_wait: Duration::from_millis(wait_ms),
+        }
+    }
+
+    #[test]
+    fn a_full_bucket_leaves_at_once_and_a_partial_one_waits() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new();
+        let bud = budget(400, 64, 50);
+        b.append("a", 100, 1, t0);
+        b.append("b", 100, 1, t0);
+        assert!(
+            b.next_batch(&bud, t0, false).is_none(),
+            "half full, not waited"
+        );
+        assert_eq!(b.deadline(&bud), Some(t0 + Duration::from_millis(50)));
+        b.append("c", 100, 1, t0);
+        b.append("d", 100, 1, t0);
+        b.append("e", 100, 1, t0);
+        assert_eq!(
+            b.next_batch(&bud, t0, false),
+            Some(vec!["a", "b", "c", "d"])
+        );
+        assert_eq!(b.len(), 1);
+        assert!(
+            b.next_batch(&bud, t0 + Duration::from_millis(49), false)
+                .is_none()
+        );
+        assert_eq!(
+            b.next_batch(&bud, t0 + Duration::from_millis(50), false),
+            Some(vec!["e"])
+        );
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn the_request_limit_fills_a_batch_too() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new();
+        for i in 0..5 {
+            b.append(i, 10, 1, t0);
+        }
+        assert_eq!(
+            b.next_batch(&budget(10_000, 3, 1000), t0, false),
+            Some(vec![0, 1, 2])
+        );
+    }
+
+    #[test]
+    fn lengths_are_bucketed_so_short_items_do_not_pad_to_long_ones() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new();
+        let bud = budget(1000, 64, 0);
+        b.append("long1", 400, 1, t0);
+        b.append("short1", 20, 1, t0);
+        b.append("short2", 20, 1, t0);
+        b.append("long2", 390, 1, t0);
+        // Oldest is long1: its bucket (512) goes together; shorts would raise the padded
+        // cost to 400 × 4 = 1600 > 1000, so they wait for the next batch.
+        assert_eq!(b.next_batch(&bud, t0, true), Some(vec!["long1", "long2"]));
+        assert_eq!(b.next_batch(&bud, t0, true), Some(vec!["short1", "short2"]));
+    }
+
+    #[test]
+    fn a_timed_out_batch_tops_up_from_the_nearest_lengths() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new();
+        let bud = budget(10_000, 4, 10);
+        b.append("64", 60, 1, t0);
+        b.append("512", 500, 1, t0);
+        b.append("128", 100, 1, t0);
+        b.append("32", 30, 1, t0);
+        b.append("16", 16, 1, t0);
+        let batch = b.next_batch(&bud, t0 + Duration::from_millis(10), false);
+        // Home bucket 64, then 32 and 128 (a factor 2 away), then 16 (factor 4); 512 left.
+        assert_eq!(batch, Some(vec!["64", "32", "128", "16"]));
+        assert_eq!(b.drain(), vec!["512"]);
+    }
+
+    #[test]
+    fn a_segment_larger_than_the_budget_runs_alone() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new();
+        b.append("huge", 400, 8, t0);
+        b.append("small", 400, 1, t0);
+        let bud = budget(1000, 64, 1000);
+        assert_eq!(b.next_batch(&bud, t0, false), Some(vec!["huge"]));
+        assert!(b.next_batch(&bud, t0, false).is_none());
+    }
+
+    #[test]
+    fn with_no_wait_whatever_is_there_leaves() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new();
+        b.append(1, 50, 3, t0);
+        assert_eq!(b.next_batch(&budget(1000, 64, 0), t0, false), Some(vec![1]));
+    }
+
+    #[test]
+    fn cancelled_segments_are_dropped_before_batching() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new();
+        for (job, len) in [("a", 10), ("b", 10), ("a", 300), ("c", 40)] {
+            b.append(job, len, 1, t0);
+        }
+        assert_eq!(b.drop_where(|j| *j == "a"), vec!["a", "a"]);
+        assert_eq!(b.len(), 2);
+        assert_eq!(
+            b.next_batch(&budget(10_000, 64, 0), t0, true),
+            Some(vec!["b", "c"])
+        );
+        assert!(b.is_empty());
+        assert_eq!(b.deadline(&budget(1, 1, 0)), None);
+    }
+
+    #[test]
+    fn the_oldest_full_bucket_goes_first() {
+        let t0 = Instant::now();
+        let mut b = Batcher::new();
+        let bud = budget(100, 2, 1000);
+        b.append("long-old", 300, 1, t0);
+        b.append("short-a", 10, 1, t0);
+        b.append("short-b", 10, 1, t0);
+        b.append("short-c", 10, 1, t0);
+        // long-old alone exceeds the budget (a full bucket) and is older.
+        assert_eq!(b.next_batch(&bud, t0, false), Some(vec!["long-old"]));
+        assert_eq!(
+            b.next_batch(&bud, t0, false),
+            Some(vec!["short-a", "short-b"])
+        );
+    }
+}

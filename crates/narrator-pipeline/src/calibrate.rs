@@ -1,0 +1,173 @@
+//! Calibration: growing batches of sentence-sized items on the loaded engine, measuring
+//! wall time, audio made and memory per batch, until throughput stops improving, memory
+//! would run out, or the time budget is spent. The result fits `memory ≈ fixed +
+//! bytes_per_token × padded tokens` and feeds [`narrator_hardware::plan`].
+
+use std::time::{Duration, Instant};
+
+use narrator_core::Segment;
+use narrator_hardware::{Calibration, CalibrationPoint};
+
+use crate::{PipelineError, Synthesizer};
+
+/// A paragraph whose sentences are cut into calibration items.
+const TEXT: &str = "The old lighthouse keeper climbed the spiral stairs every evening, \
+counting the steps as his father had done before him, and when he reached the lamp room \
+he wiped the great lens until it shone like still water under a winter moon.";
+
+/// How calibration runs.
+pub struct CalibrateOptions<'a> {
+    /// Voice name (recorded).
+    pub voice: String,
+    /// Device model (recorded; plans use a knee only on the same model).
+    pub device_model: String,
+    /// Runtime version (recorded; part of the cache key).
+    pub runtime: String,
+    /// Padded length of each item (a sentence is about 100–150 ids).
+    pub item_tokens: usize,
+    /// Largest batch tried.
+    pub max_batch: usize,
+    /// Time budget for the whole measurement.
+    pub max_duration: Duration,
+    /// Stop growing once a doubling improves throughput by less than this.
+    pub knee_gain: f64,
+    /// Memory the batches may use (free memory after the safety margin).
+    pub memory_limit: u64,
+    /// Memory in use on the device now (NVML used memory, or this process's peak RSS
+    /// after `reset` was called).
+    pub memory_now: &'a dyn Fn() -> Option<u64>,
+    /// Called before each batch (resets the peak RSS on CPU).
+    pub reset: &'a dyn Fn(),
+    /// Intra-op threads and sessions of the engine being measured (recorded).
+    pub intra_threads: usize,
+    /// Sessions (recorded).
+    pub sessions: usize,
+}
+
+/// Items of exactly `tokens` ids, cut from the voice's own phonemes of [`TEXT`].
+pub fn calibration_items(synth: &Synthesizer, tokens: usize) -> Result<Vec<i64>, PipelineError> {
+    let seg = Segment {
+        index: 0,
+        chapter: 0,
+        text: TEXT.to_string(),
+        pause_after: narrator_core::PauseAfter::Paragraph,
+    };
+    let p = synth.prepare(seg)?;
+    let ids: Vec<i64> = p.utterances.concat();
+    if ids.is_empty() {
+        return Err(PipelineError::Internal("calibration text made no phonemes"));
+    }
+    Ok(ids.iter().copied().cycle().take(tokens.max(4)).collect())
+}
+
+/// Runs the calibration (blocking: call from a blocking thread).
+pub fn calibrate(
+    synth: &Synthesizer,
+    opts: &CalibrateOptions<'_>,
+) -> Result<Calibration, PipelineError> {
+    let item = calibration_items(synth, opts.item_tokens)?;
+    let pool = synth.pool();
+    let scales = synth.scales();
+    let rate = f64::from(synth.sample_rate());
+    let started = Instant::now();
+    // One run first: session initialisation and first-use allocations are not a batch's.
+    pool.synthesize_blocking(vec![item.clone()], scales)?;
+    (opts.reset)();
+    let base = (opts.memory_now)().unwrap_or(0);
+    let mut points: Vec<CalibrationPoint> = Vec::new();
+    let mut batch = 1;
+    while batch <= opts.max_batch.max(1) {
+        if let Some(last) = points.last() {
+            // The next batch costs about twice the last one, three runs of it.
+            let next = last.max_seconds * 2.0 * 3.0;
+            if started.elapsed() + Duration::from_secs_f64(next) > opts.max_duration {
+                break;
+            }
+            let (fixed, bpt) = Calibration::fit(&points);
+            let need = fixed as f64 + bpt * (batch * opts.item_tokens) as f64;
+            if bpt > 0.0 && need > opts.memory_limit as f64 {
+                break;
+            }
+        }
+        let items = vec![item.clone(); batch];
+        (opts.reset)();
+        // A warm-up run at this shape (allocations, kernel selection), then two timed.
+        let warm = pool.synthesize_blocking(items.clone(), scales)?;
+        let mut times = Vec::new();
+        for _ in 0..2 {
+            let t = Instant::now();
+            pool.synthesize_blocking(items.clone(), scales)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let memory = (opts.memory_now)().unwrap_or(base).saturating_sub(base);
+        let audio_seconds = warm.audio.iter().map(|w| w.len() as f64).sum::<f64>() / rate;
+        let point = CalibrationPoint {
+            batch,
+            tokens: batch * item.len(),
+            memory_bytes: memory,
+            seconds: times[0].midpoint(times[1]),
+            max_seconds: times[1],
+            audio_seconds,
+        };
+        tracing::info!(
+            batch,
+            seconds = point.seconds,
+            throughput = point.throughput(),
+            memory_mib = memory / (1 << 20),
+            "calibration point"
+        );
+        let flat = points
+            .last()
+            .is_some_and(|l| point.throughput() < l.throughput() * (1.0 + opts.knee_gain));
+        points.push(point);
+        if flat || !pool.supports_batching() {
+            break;
+        }
+        batch *= 2;
+    }
+    let (fixed_bytes, bytes_per_token) = Calibration::fit(&points);
+    Ok(Calibration {
+        voice: opts.voice.clone(),
+        device_model: opts.device_model.clone(),
+        runtime: opts.runtime.clone(),
+        item_tokens: item.len(),
+        fixed_bytes,
+        bytes_per_token,
+        intra_threads: opts.intra_threads,
+        sessions: opts.sessions,
+        points,
+        source: "measured".into(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs one batch at the full budget (items of the calibration's length), so a plan too
+/// large for the device fails at start, not in the middle of a book. Out of memory halves
+/// the budget and tries again (at most 6 times); returns the seconds of the last run.
+pub fn warm_up(synth: &Synthesizer, item_tokens: usize) -> Result<f64, PipelineError> {
+    for _ in 0..6 {
+        let budget = synth.budget();
+        let item = calibration_items(synth, item_tokens.min(budget.max_tokens.max(4)))?;
+        let n = (budget.max_tokens / item.len().max(1)).clamp(1, budget.max_requests.max(1));
+        let t = Instant::now();
+        match synth
+            .pool()
+            .synthesize_blocking(vec![item; n], synth.scales())
+        {
+            Ok(_) => return Ok(t.elapsed().as_secs_f64()),
+            Err(e @ narrator_engine::EngineError::OutOfMemory { .. }) if n > 1 => {
+                tracing::warn!(error = %e, "warm-up ran out of memory: halving the batch budget");
+                synth.set_budget(crate::Budget {
+                    max_tokens: (budget.max_tokens / 2).max(1),
+                    max_requests: (budget.max_requests / 2).max(1),
+                    max_wait: budget.max_wait,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(PipelineError::Internal(
+        "warm-up kept running out of memory",
+    ))
+}
