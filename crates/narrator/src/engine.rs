@@ -65,6 +65,29 @@ impl std::str::FromStr for Planning {
     }
 }
 
+/// The devices a worker drives for `--device SPEC`: a comma-separated list (`cpu`,
+/// `cuda:N`), or `auto`: every GPU in `gpus` when the runtime has CUDA, else the CPU.
+pub(crate) fn expand_devices(spec: &str, cuda: bool, gpus: &[u32]) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part {
+            "auto" if cuda && !gpus.is_empty() => {
+                out.extend(gpus.iter().map(|i| format!("cuda:{i}")))
+            }
+            "auto" => out.push(if cuda { "cuda:0".into() } else { "cpu".into() }),
+            other => {
+                let d: Device = other.parse().map_err(anyhow::Error::msg)?;
+                out.push(d.to_string());
+            }
+        }
+    }
+    out.dedup();
+    if out.is_empty() {
+        anyhow::bail!("--device '{spec}': name at least one device (auto, cpu, cuda:N)");
+    }
+    Ok(out)
+}
+
 /// Finds the voice (cheap, so bad names fail before anything heavy is loaded).
 pub(crate) fn find_voice(paths: &Paths, args: &EngineArgs) -> anyhow::Result<Voice> {
     Ok(Voice::find(&paths.voices, &args.voice)?)
@@ -435,4 +458,28 @@ pub(crate) fn load_null(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyho
         plan,
         calibration: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_devices;
+
+    #[test]
+    fn auto_drives_every_gpu_or_the_cpu() {
+        let ok = |spec: &str, cuda: bool, gpus: &[u32]| {
+            expand_devices(spec, cuda, gpus).unwrap_or_default()
+        };
+        assert_eq!(ok("auto", true, &[0, 1, 2]), ["cuda:0", "cuda:1", "cuda:2"]);
+        assert_eq!(ok("auto", false, &[0, 1]), ["cpu"]);
+        assert_eq!(ok("auto", true, &[]), ["cuda:0"]);
+        assert_eq!(ok("cuda:1", true, &[0, 1]), ["cuda:1"]);
+        assert_eq!(ok("cuda:0, cuda:1", true, &[0, 1]), ["cuda:0", "cuda:1"]);
+        assert_eq!(ok("cuda", true, &[0]), ["cuda:0"]);
+        let err = expand_devices("gpu7", true, &[0])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("unknown device"), "{err}");
+        assert!(expand_devices(" , ", true, &[0]).is_err());
+    }
 }

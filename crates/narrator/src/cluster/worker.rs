@@ -520,7 +520,28 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
     let mut reports: Vec<Report> = Vec::new();
     let mut devices = Vec::new();
     let mut loops = tokio::task::JoinSet::new();
+    // One engine, plan and consumer per voice and device: `--device cuda:0,cuda:1`, or
+    // `auto` for every GPU NVML lists when the runtime has CUDA (else the CPU).
+    let mut engines = Vec::new();
     for (voice, eargs) in found {
+        let targets = if null_engine {
+            vec![eargs.device.clone()]
+        } else {
+            let rt = narrator_engine::load_runtime(&paths.onnxruntime)?;
+            let gpus: Vec<u32> = narrator_hardware::probe()
+                .gpus
+                .iter()
+                .map(|g| g.index)
+                .collect();
+            engine::expand_devices(&eargs.device, rt.cuda_available, &gpus)?
+        };
+        for device in targets {
+            let mut e = eargs.clone();
+            e.device = device;
+            engines.push((voice.clone(), e));
+        }
+    }
+    for (voice, eargs) in engines {
         let name = voice.name.clone();
         let loaded = if null_engine {
             engine::load_null(paths, &eargs, voice)?
