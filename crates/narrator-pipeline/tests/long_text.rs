@@ -45,6 +45,18 @@ fn alice() -> narrator_text::Document {
     narrator_text::load_document(&path, &Default::default()).expect("alice")
 }
 
+/// The plan of Alice's first chapter for the null voice.
+fn chapter_one() -> narrator_core::JobPlan {
+    let mut doc = alice();
+    doc.chapters.truncate(1);
+    let id = AudioIdentity {
+        voice: "null",
+        voice_digest: "0",
+        scales: Scales::DETERMINISTIC,
+    };
+    plan_job(&doc, "alice29.txt", "alice", &id)
+}
+
 /// The synthesizer on `pool`, with a local store and journal in `dir`, events dropped.
 fn local_stages(pool: EnginePool, dir: &Path) -> Stages<LocalAudioStore, JournalStateStore> {
     Stages {
@@ -147,14 +159,7 @@ impl Backend for FailOn {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_failure_stops_the_job_and_keeps_finished_segments() {
-    let mut doc = alice();
-    doc.chapters.truncate(1);
-    let id = AudioIdentity {
-        voice: "null",
-        voice_digest: "0",
-        scales: Scales::DETERMINISTIC,
-    };
-    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let plan = chapter_one();
     let calls = Arc::new(AtomicUsize::new(0));
     // Find the id length of segment 10's first utterance, and fail on it.
     let probe = synthesizer(
@@ -202,14 +207,7 @@ async fn an_engine_failure_stops_the_job_and_keeps_finished_segments() {
 /// exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_halves_the_budget_then_falls_back_to_cpu() {
-    let mut doc = alice();
-    doc.chapters.truncate(1);
-    let id = AudioIdentity {
-        voice: "null",
-        voice_digest: "0",
-        scales: Scales::DETERMINISTIC,
-    };
-    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let plan = chapter_one();
     let gpu = EnginePool::start_with(1, |_| {
         Ok(Box::new(narrator_engine::MemoryLimit {
             inner: Box::new(NullBackend::default()),
@@ -267,14 +265,7 @@ async fn out_of_memory_halves_the_budget_then_falls_back_to_cpu() {
 /// Without a fallback (a CPU out of memory), halving goes on until batches fit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_on_cpu_halves_until_batches_fit() {
-    let mut doc = alice();
-    doc.chapters.truncate(1);
-    let id = AudioIdentity {
-        voice: "null",
-        voice_digest: "0",
-        scales: Scales::DETERMINISTIC,
-    };
-    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let plan = chapter_one();
     let limited = EnginePool::start_with(1, |_| {
         Ok(Box::new(narrator_engine::MemoryLimit {
             inner: Box::new(NullBackend::default()),
@@ -345,14 +336,7 @@ impl narrator_core::SegmentQueue for Abandoning {
 /// without reaching the engine, and the worker loop drains and ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn segments_of_an_abandoned_job_never_reach_the_engine() {
-    let mut doc = alice();
-    doc.chapters.truncate(1);
-    let id = AudioIdentity {
-        voice: "null",
-        voice_digest: "0",
-        scales: Scales::DETERMINISTIC,
-    };
-    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let plan = chapter_one();
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let pool = EnginePool::start_with(1, move |_| {
