@@ -80,7 +80,7 @@ if [[ -z $BOOK ]]; then
     BOOK=$OUTDIR/chapter.txt
     # Chapter I of the corpus when it is beside the checkout, else the sample.
     if [[ -f $ROOT/../shared/corpus/alice29.txt ]]; then
-        awk '/^CHAPTER I\./{on=1} /^CHAPTER II\./{exit} on' "$ROOT/../shared/corpus/alice29.txt" > "$BOOK"
+        awk '/^[ \t]*CHAPTER I[ \t]*\r?$/{on=1} /^[ \t]*CHAPTER II[ \t]*\r?$/{exit} on' "$ROOT/../shared/corpus/alice29.txt" > "$BOOK"
     else
         cp "$ROOT/examples/sample.md" "$BOOK"
     fi

@@ -98,13 +98,29 @@ pub struct CalibrationPoint {
 }
 
 impl CalibrationPoint {
-    /// Audio seconds per wall second.
+    /// Audio seconds per wall second (median run).
     pub fn throughput(&self) -> f64 {
         if self.seconds > 0.0 {
             self.audio_seconds / self.seconds
         } else {
             0.0
         }
+    }
+
+    /// Audio seconds per wall second of its slowest run.
+    pub fn worst_throughput(&self) -> f64 {
+        if self.max_seconds > 0.0 {
+            self.audio_seconds / self.max_seconds
+        } else {
+            self.throughput()
+        }
+    }
+
+    /// Whether this (larger) batch beats `smaller` by at least `gain` even in its slowest
+    /// run: on a noisy host a flat curve then stays at the smaller batch, while a device
+    /// that really gains from batching (a GPU below its knee) passes easily.
+    pub fn beats(&self, smaller: &CalibrationPoint, gain: f64) -> bool {
+        self.worst_throughput() >= smaller.throughput() * (1.0 + gain)
     }
 }
 
@@ -185,7 +201,8 @@ impl Calibration {
     }
 
     /// The knee: the largest measured batch whose step up from the previous one still
-    /// improved throughput by at least `gain` (relative) and whose slowest run stayed
+    /// improved throughput by at least `gain` (relative, in its slowest run: see
+    /// [`CalibrationPoint::beats`]) and whose slowest run stayed
     /// within `latency_target_s`. `None` without points. `Some((batch, still_rising))`:
     /// `still_rising` is true when the largest measured batch was still improving, so a
     /// bigger one might be better yet.
@@ -198,7 +215,7 @@ impl Calibration {
             if p.max_seconds > latency_target_s {
                 return Some((best.batch, false));
             }
-            if p.throughput() >= best.throughput() * (1.0 + gain) {
+            if p.beats(best, gain) {
                 best = p;
             } else {
                 return Some((best.batch, false));
@@ -553,7 +570,7 @@ mod tests {
         let mut c = calib(2.0);
         c.device_model = "cpu".into();
         c.sessions = 4;
-        c.points = vec![point(1, 0.40, 6.0), point(2, 0.60, 6.0), point(4, 1.1, 6.0)];
+        c.points = vec![point(1, 0.40, 6.0), point(2, 0.60, 6.0), point(4, 0.9, 6.0)];
         let p = plan(&cpu(16), &c, &PlanLimits::default());
         assert_eq!(p.batch_items, 4, "{}", p.reason);
         assert_eq!((p.sessions, p.intra_threads), (4, 4));

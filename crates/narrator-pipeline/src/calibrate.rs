@@ -75,11 +75,19 @@ pub fn calibrate(
     (opts.reset)();
     let base = (opts.memory_now)().unwrap_or(0);
     let mut points: Vec<CalibrationPoint> = Vec::new();
+    // Every timed run per batch size: a size is timed again beside its successor, so each
+    // comparison is between runs taken in alternation, not minutes apart on a noisy host.
+    let mut times: Vec<Vec<f64>> = Vec::new();
+    let run = |n: usize| -> Result<f64, PipelineError> {
+        let t = Instant::now();
+        pool.synthesize_blocking(vec![item.clone(); n], scales)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
     let mut batch = 1;
     while batch <= opts.max_batch.max(1) {
         if let Some(last) = points.last() {
-            // The next batch costs about twice the last one, three runs of it.
-            let next = last.max_seconds * 2.0 * 3.0;
+            // Next: a warm-up and three runs of twice the last batch, three more of it.
+            let next = last.max_seconds * (2.0 * 4.0 + 3.0);
             if started.elapsed() + Duration::from_secs_f64(next) > opts.max_duration {
                 break;
             }
@@ -89,38 +97,49 @@ pub fn calibrate(
                 break;
             }
         }
-        let items = vec![item.clone(); batch];
         (opts.reset)();
-        // A warm-up run at this shape (allocations, kernel selection), then two timed.
-        let warm = pool.synthesize_blocking(items.clone(), scales)?;
-        let mut times = Vec::new();
-        for _ in 0..2 {
-            let t = Instant::now();
-            pool.synthesize_blocking(items.clone(), scales)?;
-            times.push(t.elapsed().as_secs_f64());
-        }
-        times.sort_by(f64::total_cmp);
+        // A warm-up run at this shape (allocations, kernel selection), then three timed
+        // runs, alternating with the previous size when there is one.
+        let warm = pool.synthesize_blocking(vec![item.clone(); batch], scales)?;
         let memory = (opts.memory_now)().unwrap_or(base).saturating_sub(base);
+        let mut mine = Vec::new();
+        for _ in 0..3 {
+            if let Some(prev) = times.last_mut() {
+                prev.push(run(batch / 2)?);
+            }
+            mine.push(run(batch)?);
+        }
+        times.push(mine);
         let audio_seconds = warm.audio.iter().map(|w| w.len() as f64).sum::<f64>() / rate;
-        let point = CalibrationPoint {
+        points.push(CalibrationPoint {
             batch,
             tokens: batch * item.len(),
             memory_bytes: memory,
-            seconds: times[0].midpoint(times[1]),
-            max_seconds: times[1],
+            seconds: 0.0,
+            max_seconds: 0.0,
             audio_seconds,
+        });
+        for (p, t) in points.iter_mut().zip(&times) {
+            let mut t = t.clone();
+            t.sort_by(f64::total_cmp);
+            p.seconds = t[t.len() / 2];
+            p.max_seconds = t[t.len() - 1];
+        }
+        let n = points.len();
+        let (new, flat) = match n {
+            1 => (&points[0], false),
+            _ => (
+                &points[n - 1],
+                !points[n - 1].beats(&points[n - 2], opts.knee_gain),
+            ),
         };
         tracing::info!(
             batch,
-            seconds = point.seconds,
-            throughput = point.throughput(),
+            seconds = new.seconds,
+            throughput = new.throughput(),
             memory_mib = memory / (1 << 20),
             "calibration point"
         );
-        let flat = points
-            .last()
-            .is_some_and(|l| point.throughput() < l.throughput() * (1.0 + opts.knee_gain));
-        points.push(point);
         if flat || !pool.supports_batching() {
             break;
         }

@@ -65,6 +65,10 @@ pub struct RunOptions {
     /// recorded, acknowledged) and [`work`] returns; deliveries not started stay
     /// unacknowledged for the queue to hand out again.
     pub stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// A batch whose oldest segment was prepared longer ago than this asks the queue for
+    /// abandoned jobs before it reaches the engine ([`SegmentQueue::abandoned_jobs`]);
+    /// fresher batches were checked when delivered.
+    pub recheck_after: std::time::Duration,
 }
 
 impl RunOptions {
@@ -75,6 +79,7 @@ impl RunOptions {
             in_flight,
             isolate_failures: false,
             stop: None,
+            recheck_after: std::time::Duration::ZERO,
         }
     }
 }
@@ -448,7 +453,15 @@ where
         let mut jobs: Vec<String> = batch.iter().map(|(_, d)| d.job_id.clone()).collect();
         jobs.sort();
         jobs.dedup();
-        match queue.abandoned_jobs(jobs).await {
+        let waited = batch
+            .iter()
+            .any(|(p, _)| p.queued_at.elapsed() >= opts.recheck_after);
+        let abandoned = if waited {
+            queue.abandoned_jobs(jobs).await
+        } else {
+            Ok(Vec::new())
+        };
+        match abandoned {
             Ok(gone) if !gone.is_empty() => {
                 let is_gone = |r: &Ready<Q::Ticket>| gone.contains(&r.1.job_id);
                 let mut dropped = batcher.drop_where(is_gone);

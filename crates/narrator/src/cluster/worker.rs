@@ -626,6 +626,9 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
             in_flight: loaded.in_flight,
             isolate_failures: true,
             stop: Some(stop.clone()),
+            // Segments are checked in Postgres when delivered; only those that then
+            // waited (a full device, a long max_wait) are checked again.
+            recheck_after: Duration::from_secs(1),
         };
         loops.spawn(async move {
             let result = work(queue.clone(), &stages, &opts).await;
