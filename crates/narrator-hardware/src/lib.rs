@@ -12,5 +12,5 @@ pub mod plan;
 pub mod profile;
 
 pub use doctor::{Finding, RuntimeFacts, Severity, diagnose};
-pub use plan::{Calibration, CalibrationPoint, DeviceSpec, Plan, PlanLimits, plan};
+pub use plan::{Calibration, CalibrationPoint, DeviceSpec, LayoutPoint, Plan, PlanLimits, plan};
 pub use profile::{CpuInfo, GpuInfo, HardwareProfile, MemoryInfo, probe};

@@ -124,6 +124,17 @@ impl CalibrationPoint {
     }
 }
 
+/// One thread layout's throughput on CPU (batch 1, every session busy).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayoutPoint {
+    /// Sessions.
+    pub sessions: usize,
+    /// Intra-op threads per session.
+    pub intra_threads: usize,
+    /// Audio seconds per wall second (median of alternated rounds).
+    pub throughput: f64,
+}
+
 /// What calibrating one voice on one device measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
@@ -147,6 +158,10 @@ pub struct Calibration {
     pub points: Vec<CalibrationPoint>,
     /// Where it came from: "measured", "cache" or "supplied".
     pub source: String,
+    /// Thread layouts measured on CPU (one session using every core, one single-threaded
+    /// session per core); empty when the layout was fixed by flags or on a GPU.
+    #[serde(default)]
+    pub layouts: Vec<LayoutPoint>,
     /// Seconds the measurement took.
     pub seconds: f64,
 }
@@ -165,6 +180,7 @@ impl Calibration {
             sessions: 1,
             points: Vec::new(),
             source: "supplied".into(),
+            layouts: Vec::new(),
             seconds: 0.0,
         }
     }

@@ -157,6 +157,7 @@ pub fn calibrate(
         sessions: opts.sessions,
         points,
         source: "measured".into(),
+        layouts: Vec::new(),
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -189,4 +190,63 @@ pub fn warm_up(synth: &Synthesizer, item_tokens: usize) -> Result<f64, PipelineE
     Err(PipelineError::Internal(
         "warm-up kept running out of memory",
     ))
+}
+
+/// Thread layouts on CPU: the synthesizer's pool (one session using every core) against
+/// `many` (one single-threaded session per core), each running batch-1 items with every
+/// session busy, alternated for `rounds` rounds. Returns × realtime: the median of the
+/// current layout, the median of `many`, and the slowest round of `many` (switch only if
+/// even that one wins: see [`narrator_hardware::CalibrationPoint::beats`]).
+pub fn compare_layouts(
+    synth: &Synthesizer,
+    many: &narrator_engine::EnginePool,
+    item_tokens: usize,
+    rounds: usize,
+) -> Result<(f64, f64, f64), PipelineError> {
+    let item = calibration_items(synth, item_tokens)?;
+    let scales = synth.scales();
+    let one = synth.pool();
+    let k = many.sessions().max(1);
+    let concurrent = || -> Result<f64, PipelineError> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..k)
+                .map(|_| s.spawn(|| many.synthesize_blocking(vec![item.clone()], scales)))
+                .collect();
+            let mut samples = 0usize;
+            for h in handles {
+                let out = h
+                    .join()
+                    .map_err(|_| PipelineError::Internal("a calibration thread panicked"))??;
+                samples += out.audio.iter().map(Vec::len).sum::<usize>();
+            }
+            Ok(samples as f64)
+        })
+    };
+    let sequential = || -> Result<f64, PipelineError> {
+        let mut samples = 0usize;
+        for _ in 0..k {
+            let out = one.synthesize_blocking(vec![item.clone()], scales)?;
+            samples += out.audio.iter().map(Vec::len).sum::<usize>();
+        }
+        Ok(samples as f64)
+    };
+    // Warm-up: first runs allocate.
+    sequential()?;
+    concurrent()?;
+    let rate = f64::from(synth.sample_rate());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        let samples = sequential()?;
+        a.push(samples / rate / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let samples = concurrent()?;
+        b.push(samples / rate / t.elapsed().as_secs_f64());
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let worst = b.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok((median(a), median(b), worst))
 }

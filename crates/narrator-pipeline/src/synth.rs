@@ -172,6 +172,16 @@ impl Synthesizer {
         self
     }
 
+    /// Replaces the engine pool (another thread layout chosen by calibration); the old
+    /// pool's threads finish their batches and exit.
+    pub fn set_pool(&self, pool: EnginePool) {
+        let old = std::mem::replace(
+            &mut *self.pool.write().unwrap_or_else(|e| e.into_inner()),
+            Arc::new(pool),
+        );
+        drop(old);
+    }
+
     /// The batch budget now (halved by each out-of-memory failure).
     pub fn budget(&self) -> Budget {
         *self.budget.lock().unwrap_or_else(|e| e.into_inner())

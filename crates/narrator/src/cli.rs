@@ -44,9 +44,10 @@ pub(crate) struct EngineArgs {
     /// Threads inside each ONNX Runtime session (default: all cores on CPU).
     #[arg(long, env = "NARRATOR_INTRA_THREADS")]
     pub(crate) intra_threads: Option<usize>,
-    /// Engine sessions, one thread each (default 1).
-    #[arg(long, env = "NARRATOR_SESSIONS", default_value_t = 1)]
-    pub(crate) sessions: usize,
+    /// Engine sessions, one thread each (default: on CPU the calibration measures one
+    /// session using every core against one single-threaded session per core; else 1).
+    #[arg(long, env = "NARRATOR_SESSIONS")]
+    pub(crate) sessions: Option<usize>,
     /// Utterances per engine run, overriding the plan (default: planned from the
     /// calibration; see `narrator plan`).
     #[arg(long, env = "NARRATOR_MAX_BATCH")]

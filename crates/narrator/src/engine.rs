@@ -35,6 +35,7 @@ impl Loaded {
                 o.insert("calibration".into(), serde_json::json!({
                     "source": c.source, "bytes_per_token": c.bytes_per_token,
                     "fixed_bytes": c.fixed_bytes, "points": c.points.len(), "seconds": c.seconds,
+                        "layouts": c.layouts,
                 }));
             }
         }
@@ -159,11 +160,10 @@ pub(crate) fn calibration_path(
     voice: &str,
     model: &str,
     runtime: &str,
-    intra: usize,
-    sessions: usize,
+    layout: &str,
 ) -> std::path::PathBuf {
     paths.cache.join("calibration").join(format!(
-        "{}__{}__ort-{}__{intra}x{sessions}.json",
+        "{}__{}__ort-{}__{layout}.json",
         slug(voice),
         slug(model),
         slug(runtime)
@@ -218,8 +218,10 @@ pub(crate) fn load(
     let rt = load_runtime(&paths.onnxruntime)?;
     let profile = narrator_hardware::probe();
     let cores = profile.cpu.usable_cores.max(1);
-    let sessions = args.sessions.max(1);
-    let intra = args
+    // The thread layout is measured on CPU unless a flag fixes it.
+    let auto_layout = args.sessions.is_none() && args.intra_threads.is_none();
+    let mut sessions = args.sessions.unwrap_or(1).max(1);
+    let mut intra = args
         .intra_threads
         .unwrap_or_else(|| (cores / sessions).max(1));
     let session = SessionOptions {
@@ -261,16 +263,67 @@ pub(crate) fn load(
     let spec = device_spec(used, &profile);
     let runtime = narrator_hardware::doctor::version_from_library_path(&rt.library)
         .unwrap_or_else(|| "unknown".into());
-    let cache = calibration_path(paths, &name, &spec.model(), &runtime, intra, sessions);
+    let layout = if auto_layout {
+        "auto".to_string()
+    } else {
+        format!("{intra}x{sessions}")
+    };
+    let cache = calibration_path(paths, &name, &spec.model(), &runtime, &layout);
+    let on_cpu = matches!(spec, DeviceSpec::Cpu { .. }) && test_memory_limit().is_none();
+    let cpu_pool = |sessions: usize, intra: usize| {
+        EnginePool::start(
+            rt,
+            voice.model_path.clone(),
+            PoolOptions {
+                sessions,
+                session: SessionOptions {
+                    intra_threads: intra,
+                    device: Device::Cpu,
+                    gpu_mem_limit: None,
+                },
+            },
+        )
+        .with_context(|| format!("loading voice {name} with {sessions} sessions"))
+    };
     let limits = PlanLimits::default();
     let cached = match planning {
         Planning::Recalibrate => None,
         _ => read_cached(&cache),
     };
     let calibration = match (cached, planning) {
-        (Some(c), _) => Some(c),
+        (Some(c), _) => {
+            if auto_layout && on_cpu && (c.sessions, c.intra_threads) != (sessions, intra) {
+                // The cached calibration chose another thread layout: run with it.
+                synth.set_pool(cpu_pool(c.sessions, c.intra_threads)?);
+                (sessions, intra) = (c.sessions, c.intra_threads);
+            }
+            Some(c)
+        }
         (None, Planning::CachedOnly) => None,
         (None, _) => {
+            let mut layouts = Vec::new();
+            if auto_layout && on_cpu && cores >= 2 {
+                let many = cpu_pool(cores, 1)?;
+                let (one_x, many_x, many_worst) = tokio::task::block_in_place(|| {
+                    narrator_pipeline::calibrate::compare_layouts(&synth, &many, ITEM_TOKENS, 3)
+                })
+                .with_context(|| format!("comparing thread layouts for voice {name}"))?;
+                layouts.push(narrator_hardware::LayoutPoint {
+                    sessions: 1,
+                    intra_threads: intra,
+                    throughput: one_x,
+                });
+                layouts.push(narrator_hardware::LayoutPoint {
+                    sessions: cores,
+                    intra_threads: 1,
+                    throughput: many_x,
+                });
+                tracing::info!(one_x, many_x, many_worst, cores, "thread layouts measured");
+                if many_worst >= one_x * (1.0 + limits.knee_gain) {
+                    synth.set_pool(many);
+                    (sessions, intra) = (cores, 1);
+                }
+            }
             eprintln!(
                 "calibrating {name} on {} (up to 30 s, once per voice, device and runtime)",
                 spec.label()
@@ -311,8 +364,9 @@ pub(crate) fn load(
                 intra_threads: intra,
                 sessions,
             };
-            let c = tokio::task::block_in_place(|| calibrate(&synth, &opts))
+            let mut c = tokio::task::block_in_place(|| calibrate(&synth, &opts))
                 .with_context(|| format!("calibrating voice {name}"))?;
+            c.layouts = layouts;
             write_cached(&cache, &c);
             Some(c)
         }

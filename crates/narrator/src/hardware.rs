@@ -137,6 +137,12 @@ pub(crate) fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow::Resul
                     c.bytes_per_token / 1048576.0,
                     c.fixed_bytes as f64 / 1048576.0
                 );
+                for l in &c.layouts {
+                    println!(
+                        "    layout {} session(s) × {} thread(s): {:.1}x realtime (batch 1, all sessions busy)",
+                        l.sessions, l.intra_threads, l.throughput
+                    );
+                }
                 for p in &c.points {
                     println!(
                         "    batch {:>3}: {:>7.3} s (slowest {:.3} s), {:>6.1}x realtime, {:>7.1} MiB",
