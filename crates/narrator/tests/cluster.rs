@@ -918,6 +918,16 @@ fn two_workers_with_different_plans_pull_in_proportion_and_hold_only_their_prefe
         samples.len()
     );
     assert!(s > 0, "both pulled work: {per_worker:?}");
+    // Engine runs of 100 ms each: the heartbeat reports the busy time and the fraction.
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = worker_plan(&w, "large");
+    let busy = after["busy_seconds"].as_f64().unwrap_or(0.0);
+    let runs = after["engine_runs"].as_f64().unwrap_or(0.0);
+    assert!(runs >= 1.0 && busy >= 0.09 * runs, "{after}");
+    let fraction = after["device_busy_fraction"]
+        .as_f64()
+        .expect("a fraction after two beats");
+    assert!((0.0..=1.0).contains(&fraction), "{after}");
     assert!(
         l as f64 >= 2.0 * s as f64,
         "the 4x budget did at least twice the segments: {per_worker:?}"

@@ -385,7 +385,12 @@ impl Describe {
     fn info(&self) -> WorkerInfo {
         let now = std::time::Instant::now();
         let stats: Vec<_> = self.reports.iter().map(|r| r.synth.stats()).collect();
-        let busy: Vec<f64> = stats.iter().map(|s| s.busy_seconds).collect();
+        // Busy session-seconds per session: the fraction of the device's sessions in use.
+        let busy: Vec<f64> = stats
+            .iter()
+            .zip(&self.reports)
+            .map(|(s, r)| s.busy_seconds / r.synth.pool().sessions().max(1) as f64)
+            .collect();
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let fractions: Vec<Option<f64>> = match &*last {
             Some((at, before)) => {
