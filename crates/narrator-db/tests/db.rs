@@ -529,3 +529,58 @@ async fn fifteen_hundred_segments_insert_in_one_statement(pool: PgPool) {
     // Generous bound: catches a regression to one INSERT per row on a loaded machine.
     assert!(took < Duration::from_secs(5), "took {took:?}");
 }
+
+fn bench_row(hardware: &str, rtf: f64) -> narrator_db::BenchRow {
+    narrator_db::BenchRow {
+        host: "h1".into(),
+        hardware: hardware.into(),
+        device: "cpu".into(),
+        voice: "en_US-joe-medium".into(),
+        rtf_single: rtf,
+        rtf_batched: rtf / 2.0,
+        batched_at: 4,
+        max_stable_concurrency: 3,
+        latency_target_seconds: 2.0,
+        report: serde_json::json!({"batch_sweep": [{"batch": 1, "rtf": rtf}]}),
+    }
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn the_fleet_table_is_the_newest_run_per_hardware_and_voice(pool: PgPool) {
+    use narrator_db::{bench_table_exists, fleet_bench, record_bench};
+    assert!(bench_table_exists(&pool).await.expect("check"));
+    assert!(fleet_bench(&pool).await.expect("empty").is_empty());
+    let old = record_bench(&pool, &bench_row("RTX 3090 (24 GiB)", 0.4))
+        .await
+        .expect("a");
+    let new = record_bench(&pool, &bench_row("RTX 3090 (24 GiB)", 0.3))
+        .await
+        .expect("b");
+    let cpu = record_bench(&pool, &bench_row("Xeon (2 cores)", 0.07))
+        .await
+        .expect("c");
+    assert!(new > old);
+    let mut other = bench_row("Xeon (2 cores)", 0.9);
+    other.voice = "en_GB-other".into();
+    record_bench(&pool, &other).await.expect("d");
+    let fleet = fleet_bench(&pool).await.expect("fleet");
+    let rows: Vec<(&str, &str, i64)> = fleet
+        .iter()
+        .map(|b| (b.row.voice.as_str(), b.row.hardware.as_str(), b.id))
+        .collect();
+    // By voice, then fastest batched RTF first; the 3090's older run is not listed.
+    assert_eq!(
+        rows,
+        [
+            ("en_GB-other", "Xeon (2 cores)", new + 2),
+            ("en_US-joe-medium", "Xeon (2 cores)", cpu),
+            ("en_US-joe-medium", "RTX 3090 (24 GiB)", new),
+        ]
+    );
+    let r = &fleet[2].row;
+    assert_eq!(*r, bench_row("RTX 3090 (24 GiB)", 0.3));
+    // The database's own checks refuse nonsense figures.
+    let mut bad = bench_row("X", 0.1);
+    bad.batched_at = 0;
+    assert!(record_bench(&pool, &bad).await.is_err());
+}

@@ -11,6 +11,7 @@
 
 pub mod assemble;
 pub mod batcher;
+pub mod bench;
 pub mod calibrate;
 pub mod local;
 pub mod plan;
@@ -22,6 +23,7 @@ use std::path::PathBuf;
 
 pub use assemble::{AssembleOptions, assemble};
 pub use batcher::{Batcher, Budget};
+pub use bench::{BenchFigures, BenchOptions, ConcurrencyPoint, SweepPoint, bench};
 pub use calibrate::{CalibrateOptions, calibrate, warm_up};
 pub use local::{JournalStateStore, LocalAudioStore};
 pub use plan::{AudioIdentity, plan_job};

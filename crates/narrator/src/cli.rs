@@ -123,6 +123,46 @@ pub(crate) enum Command {
     /// The batch plan a worker would run here (calibrating the voice if no calibration is
     /// cached), or on simulated GPUs.
     Plan(PlanArgs),
+    /// This machine's performance table: RTF of single requests and of each batch size,
+    /// and the most concurrent requests whose p95 latency stays within a target. Stored
+    /// in Postgres when a database is configured; `--fleet` prints every worker type's.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Seconds per measurement point (single requests, each batch size, each
+    /// concurrency level); each point also takes at least 5 runs.
+    #[arg(long, default_value_t = 3.0)]
+    pub(crate) seconds: f64,
+    /// p95 latency target of the concurrency search, in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub(crate) latency_target: f64,
+    /// Batch sizes of the sweep, comma-separated (default: 1, 2, 4, ... up to the plan's
+    /// batch; on CPU at least up to 8).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) batches: Vec<usize>,
+    /// Most concurrent requests tried.
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) max_concurrency: usize,
+    /// Print JSON (the figures, the plan and the hardware profile).
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also draw throughput and p95 latency against batch size and concurrency.
+    #[arg(long, value_name = "FILE.svg|png")]
+    pub(crate) plot: Option<PathBuf>,
+    /// Postgres to store the results in (they are stored whenever this is set).
+    #[arg(long, env = "NARRATOR_DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+    /// Do not store the results even though a database is configured.
+    #[arg(long)]
+    pub(crate) no_store: bool,
+    /// Print the fleet's table from the database (the newest result per hardware and
+    /// voice) instead of measuring.
+    #[arg(long)]
+    pub(crate) fleet: bool,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
 }
 
 #[derive(Debug, Args)]

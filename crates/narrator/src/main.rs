@@ -1,5 +1,6 @@
 //! The `narrator` command: wiring of the crates, one clear line per error.
 
+mod bench;
 mod cli;
 mod cluster;
 mod engine;
@@ -76,6 +77,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate(a) => cluster::admin::migrate(a).await,
         Command::Doctor(a) => hardware::doctor(&cli.global, a),
         Command::Plan(a) => hardware::plan(&cli.global, a),
+        Command::Bench(a) => bench::bench(&cli.global, a).await,
     }
 }
 

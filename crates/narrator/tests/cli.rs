@@ -664,3 +664,193 @@ fn plan_calibrates_this_machine_once_and_then_reads_the_cache() {
     assert_eq!(q["calibration"]["source"], "cache", "{q}");
     assert_eq!(q["max_batch_tokens"], p["max_batch_tokens"]);
 }
+
+/// A fresh database (dropped by the caller) named `narrator_cli_bench_<uuid>`: its URL.
+fn bench_database(rt: &tokio::runtime::Runtime) -> (String, String) {
+    let admin = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let name = format!(
+        "narrator_cli_bench_{}",
+        narrator_db::Uuid::new_v4().simple()
+    );
+    let base = admin
+        .rsplit_once('/')
+        .map(|(b, _)| b.to_string())
+        .expect("database URL");
+    rt.block_on(async {
+        let pool = narrator_db::connect(&admin)
+            .await
+            .expect("Postgres (bash ops/test.sh starts it)");
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&pool)
+            .await
+            .expect("create database");
+    });
+    (format!("{base}/{name}"), name)
+}
+
+fn drop_database(rt: &tokio::runtime::Runtime, name: &str) {
+    let admin = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    rt.block_on(async {
+        if let Ok(pool) = narrator_db::connect(&admin).await {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .execute(&pool)
+                .await;
+        }
+    });
+}
+
+/// `narrator bench` with the real voice: the field guide's figures, consistent with each
+/// other; the plot; the results stored and read back as the fleet's table; bad flags.
+#[test]
+fn bench_measures_stores_and_plots_the_performance_table() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (url, name) = bench_database(&rt);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let svg = tmp.path().join("bench.svg");
+    let with_db = |args: &[&str]| {
+        narrator()
+            .env("NARRATOR_DATABASE_URL", &url)
+            .args(args)
+            .output()
+            .expect("spawn narrator")
+    };
+    // An unmigrated database is refused before any measuring, with the fix.
+    let out = with_db(&["bench", "--seconds", "0.2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("narrator migrate"),
+        "{err}"
+    );
+    assert!(with_db(&["migrate"]).status.success());
+    let out = with_db(&[
+        "bench",
+        "--seconds",
+        "0.3",
+        "--batches",
+        "1,2",
+        "--max-concurrency",
+        "2",
+        "--calibrate",
+        "cached",
+        "--json",
+        "--plot",
+        svg.to_str().expect("utf-8"),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("stored as bench result"), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(r["device"], "cpu", "{r}");
+    assert_eq!(r["voice"], "en_US-joe-medium");
+    let rtf = r["rtf_single"].as_f64().unwrap_or(0.0);
+    // Real inference on a CPU: faster than realtime, slower than a thousand times.
+    assert!(rtf > 0.001 && rtf < 1.0, "{r}");
+    let utterance = r["utterance_seconds"].as_f64().unwrap_or(0.0);
+    assert!((7.0..14.0).contains(&utterance), "about ten seconds: {r}");
+    let sweep = r["batch_sweep"].as_array().expect("sweep");
+    let batches: Vec<u64> = sweep.iter().filter_map(|p| p["batch"].as_u64()).collect();
+    assert_eq!(batches, [1, 2]);
+    for p in sweep {
+        let (rtf, x) = (
+            p["rtf"].as_f64().unwrap_or(0.0),
+            p["throughput"].as_f64().unwrap_or(0.0),
+        );
+        assert!(rtf > 0.0 && (rtf * x - 1.0).abs() < 1e-6, "{p}");
+        assert!(
+            p["p95_seconds"].as_f64() >= p["p50_seconds"].as_f64(),
+            "{p}"
+        );
+        assert!(p["runs"].as_u64().unwrap_or(0) >= 5, "{p}");
+    }
+    // The plan on this CPU is batch 1 unless a calibration said otherwise.
+    let at = r["batched_at"].as_u64().unwrap_or(0);
+    let point = sweep
+        .iter()
+        .find(|p| p["batch"].as_u64() == Some(at))
+        .expect("batched_at measured");
+    assert_eq!(point["rtf"], r["rtf_batched"]);
+    let levels = r["concurrency"].as_array().expect("levels");
+    let stable = r["max_stable_concurrency"].as_u64().expect("max stable");
+    assert!(stable <= 2 && !levels.is_empty(), "{r}");
+    for l in levels {
+        let c = l["concurrency"].as_u64().unwrap_or(0);
+        let p95 = l["p95_seconds"].as_f64().unwrap_or(f64::MAX);
+        assert!(
+            (1..=2).contains(&c) && l["requests"].as_u64() >= Some(5),
+            "{l}"
+        );
+        // The reported maximum is consistent with the levels measured.
+        if c == stable {
+            assert!(p95 <= 2.0, "{r}");
+        }
+        if c > stable {
+            assert!(p95 > 2.0, "{r}");
+        }
+    }
+    assert!(
+        r["profile"]["cpu"]["logical_cores"].as_u64() >= Some(1),
+        "{r}"
+    );
+    assert!(r["plan"]["max_batch_requests"].as_u64() >= Some(1), "{r}");
+    // The plot: four charts with their titles and the latency target.
+    let plot = std::fs::read_to_string(&svg).expect("plot written");
+    assert!(plot.starts_with("<svg"), "{plot:.100}");
+    for title in [
+        "throughput vs batch size",
+        "p95 request latency vs concurrency",
+        "p95 target 2 s",
+    ] {
+        assert!(plot.contains(title), "{title} missing from the plot");
+    }
+    // The fleet's table: this run, read back.
+    let out = with_db(&["bench", "--fleet", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["rtf_single"], r["rtf_single"]);
+    assert_eq!(rows[0]["hardware"], r["hardware"]);
+    assert_eq!(rows[0]["report"]["batch_sweep"], r["batch_sweep"]);
+    let out = with_db(&["bench", "--fleet"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("| hardware |") && table.contains(r["hardware"].as_str().unwrap_or("?")),
+        "{table}"
+    );
+    drop_database(&rt, &name);
+}
+
+#[test]
+fn bench_flags_are_checked_before_anything_is_loaded() {
+    let err = run_err(&["bench", "--plot", "/tmp/x.gif"]);
+    assert!(err.contains(".svg or .png"), "{err}");
+    let err = run_err(&["bench", "--seconds", "0"]);
+    assert!(err.contains("--seconds"), "{err}");
+    let err = run_err(&["bench", "--latency-target=-1"]);
+    assert!(err.contains("--latency-target"), "{err}");
+    let err = run_err(&["bench", "--batches", "0,2"]);
+    assert!(err.contains("start at 1"), "{err}");
+    let err = run_err(&["bench", "--plot", "/no/such/dir/p.svg"]);
+    assert!(err.contains("does not exist"), "{err}");
+    let out = narrator()
+        .env_remove("NARRATOR_DATABASE_URL")
+        .args(["bench", "--fleet"])
+        .output()
+        .expect("spawn");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("NARRATOR_DATABASE_URL"),
+        "{err}"
+    );
+}
