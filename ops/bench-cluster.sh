@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# Distributed-mode benchmark: one real worker vs the embedded `narrator run` (and Piper's
-# CLI), then the control plane alone with the null engine. Everything real on this
+# The comparison harness: on the same sentences and voice, back to back in each round, a raw
+# ONNX Runtime loop (no narrator code: the physical limit here), Piper's CLI, `narrator run`
+# (embedded) and the distributed path (submit -> one worker -> done); each one's throughput,
+# its ratio to the raw loop and its peak RSS. Then the control plane alone with the null
+# engine (segments per second end to end, and where the CPU time goes). Everything real on this
 # machine: RabbitMQ 127.0.0.1:5672 (guest/guest), Postgres 127.0.0.1:5432 (user postgres,
 # trust), S3 = s3s-fs via ops/s3-server.sh.
 #
 #   bash ops/bench-cluster.sh [--rounds N] [--null-segments N] [--book PATH]
-#                             [--null-worker "ARGS"]... [--no-piper] [--only e2e|null] [--keep DIR]
+#                             [--e2e-worker "ARGS"]... [--null-worker "ARGS"]... [--no-piper] [--only e2e|null] [--keep DIR]
 #
-#   --rounds N          interleaved rounds of part 1 (default 3): piper, embedded, distributed, ...
+#   --rounds N          interleaved rounds of part 1 (default 3): raw, piper, embedded, distributed, ...
 #   --null-segments N   segments of the generated text of part 2 (default 5000)
 #   --book PATH         part 1's text (default: Chapter I of alice29.txt, as ops/bench-cpu.sh);
 #                       a .txt is prepared like bench-cpu's --text; .md/.epub go to narrator
 #                       as they are (no Piper arm then)
+#   --e2e-worker ARGS   one more distributed arm per round, its worker started with these
+#                       flags (repeatable), e.g. --e2e-worker "--no-spin"
 #   --null-worker ARGS  worker flags for part 2 (repeatable: one measured run each;
 #                       default "": the null engine's own plan, max-batch 32, prefetch 160,
 #                       which was not slower than --prefetch 256 and/or --max-batch 64)
-#   --no-piper          no Piper arm (otherwise `ops/setup.sh --with-piper` is run first)
+#   --no-piper          no Piper and no raw arm (otherwise `ops/setup.sh --with-piper` is run
+#                       first: both use its venv)
 #   --only e2e|null     run one part only
 #   --keep DIR          keep the work folder (texts, logs, per-run figures) in DIR
 #
@@ -38,6 +44,7 @@ ROUNDS=3
 NULL_SEGMENTS=5000
 BOOK=""
 NULL_WORKERS=()
+E2E_WORKERS=()
 NO_PIPER=0
 ONLY=""
 KEEP=""
@@ -47,10 +54,11 @@ while (($#)); do
         --null-segments) NULL_SEGMENTS="${2:?--null-segments needs N}"; shift 2 ;;
         --book) BOOK="${2:?--book needs PATH}"; shift 2 ;;
         --null-worker) NULL_WORKERS+=("${2?--null-worker needs ARGS}"); shift 2 ;;
+        --e2e-worker) E2E_WORKERS+=("${2?--e2e-worker needs ARGS}"); shift 2 ;;
         --no-piper) NO_PIPER=1; shift ;;
         --only) ONLY="${2:?--only needs e2e or null}"; shift 2 ;;
         --keep) KEEP="${2:?--keep needs DIR}"; shift 2 ;;
-        -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench-cluster: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -83,6 +91,7 @@ NARRATOR="${CARGO_TARGET_DIR:-$ROOT/target}/release/narrator"
 "$NARRATOR" voices >/dev/null || die "no voices: run bash ops/setup.sh"
 PIPER="$ROOT/.deps/piper-venv/bin/piper"
 PIPER_MODEL="$ROOT/.deps/voices/$VOICE.onnx"
+RAW_PY="$ROOT/.deps/piper-venv/bin/python"
 PIPER_ON=0
 if ((!NO_PIPER)) && [[ "$ONLY" != null ]]; then
     if bash ops/setup.sh --with-piper >&2 && [[ -x "$PIPER" && -f "$PIPER_MODEL" ]]; then
@@ -246,6 +255,17 @@ run_piper() {
     echo "audio_s=$(python3 -c 'import sys,wave; w=wave.open(sys.argv[1]); print(w.getnframes()/w.getframerate())' "$dir/piper.wav")" >>"$dir/meta"
     rm -f "$dir/piper.wav"
 }
+# The physical limit: a plain ONNX Runtime loop (Python onnxruntime, same version, same
+# voice, Piper's own sentences and ids, batch 1), no narrator code; whole process timed.
+run_raw() {
+    local dir="$WORK/runs/raw-r$1"
+    mkdir -p "$dir"
+    echo "arm=raw ORT loop" >"$dir/meta"; echo "round=$1" >>"$dir/meta"; echo "load_before=$(load1)" >>"$dir/meta"
+    /usr/bin/time -f '%e %M %U %S' -o "$dir/time" \
+        "$RAW_PY" ops/bench/raw_ort.py -m "$PIPER_MODEL" -i "$TEXT" >"$dir/stdout" 2>"$dir/stderr" ||
+        { tail -5 "$dir/stderr" >&2; die "the raw ONNX Runtime loop failed"; }
+    echo "load_after=$(load1)" >>"$dir/meta"
+}
 run_embedded() {
     local dir="$WORK/runs/embedded-r$1"
     mkdir -p "$dir"
@@ -290,11 +310,14 @@ run_cluster() {
     stop_worker "$dir"
     forget_job_audio "$job"
 }
+# run_distributed ROUND [TAG WORKER-ARGS...]: the distributed arm (tagged: another arm).
 run_distributed() {
-    local dir="$WORK/runs/distributed-r$1"
+    local round="$1" tag="${2:-}" dir
+    shift; (($#)) && shift
+    dir="$WORK/runs/distributed${tag:+-$tag}-r$round"
     mkdir -p "$dir"
-    echo "arm=distributed" >"$dir/meta"; echo "round=$1" >>"$dir/meta"
-    run_cluster "$dir" "$TEXT"
+    echo "arm=distributed${tag:+ ($*)}" >"$dir/meta"; echo "round=$round" >>"$dir/meta"
+    run_cluster "$dir" "$TEXT" "$@"
 }
 
 UPTIME_START="$(uptime)"
@@ -302,9 +325,17 @@ log "uptime: $UPTIME_START"
 if [[ "$ONLY" != null ]]; then
     log "part 1: $TEXT_DESC; $ROUNDS round(s); piper arm: $PIPER_ON"
     for ((r = 1; r <= ROUNDS; r++)); do
-        if ((PIPER_ON)); then log "round $r: piper CLI"; run_piper "$r"; fi
+        if ((PIPER_ON)); then
+            log "round $r: raw ONNX Runtime loop"; run_raw "$r"
+            log "round $r: piper CLI"; run_piper "$r"
+        fi
         log "round $r: embedded (narrator run)"; run_embedded "$r"
         log "round $r: distributed (submit -> 1 worker -> done)"; run_distributed "$r"
+        for i in "${!E2E_WORKERS[@]}"; do
+            log "round $r: distributed, worker ${E2E_WORKERS[$i]}"
+            # shellcheck disable=SC2086 # the flags are words on purpose
+            run_distributed "$r" "w$((i + 1))" ${E2E_WORKERS[$i]}
+        done
         python3 ops/bench/cluster_report.py --progress "$WORK" "$r" >&2
     done
 fi

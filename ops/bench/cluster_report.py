@@ -82,6 +82,13 @@ def load_run(d):
         if not t or num(meta, "audio_s") is None:
             return None
         r.update(wall=t[0], rss_kib=t[1], audio=num(meta, "audio_s"))
+    elif arm == "raw ORT loop":
+        t = read_time(os.path.join(d, "time"))
+        if not t:
+            return None
+        j = last_json(os.path.join(d, "stdout"))
+        r.update(wall=t[0], rss_kib=t[1], audio=j["audio_seconds"], loop=j.get("loop_seconds"),
+                 load_s=j.get("load_seconds"), sentences=j.get("sentences"))
     elif arm == "embedded":
         t = read_time(os.path.join(d, "time"))
         if not t:
@@ -92,7 +99,7 @@ def load_run(d):
         ready = engine_ready_at(os.path.join(d, "stderr"))
         t0 = num(meta, "t0")
         r["load_s"] = (ready - t0) if (ready and t0) else None
-    elif arm in ("distributed", "null"):
+    elif arm == "null" or arm.startswith("distributed"):
         poll = os.path.join(d, "poll.json")
         if not os.path.exists(poll) or os.path.getsize(poll) == 0:
             return None
@@ -200,7 +207,7 @@ def progress(work, key):
                 extra = ""
                 if r["arm"] == "embedded":
                     extra = "model load %s s" % f(r.get("load_s"), 2)
-                elif r["arm"] == "distributed":
+                elif r["arm"].startswith("distributed"):
                     extra = "worker ready after %s s (excluded)" % f(r.get("worker_ready"), 2)
                 print("bench-cluster:   round %s %-12s audio %6.1f s  wall %6.1f s  %6.2fx realtime  %s  load %s -> %s" % (
                     r["round"], r["arm"], r["audio"], r["wall"], xrt(r), extra, *r["load"]))
@@ -216,20 +223,20 @@ def machine():
 
 def report(work, meta):
     rs = runs(work)
-    print("# Distributed-mode benchmark (ops/bench-cluster.sh)")
+    print("# Comparison harness (ops/bench-cluster.sh)")
     print()
     print(f"- Date: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; machine: {machine()}; narrator {meta.get('narrator', '?')}")
     print(f"- Uptime at start: `{meta.get('uptime_start', '').strip()}`; at end: `{meta.get('uptime_end', '').strip()}`")
-    e2e = [r for r in rs if r["arm"] in ("piper CLI", "embedded", "distributed")]
+    e2e = [r for r in rs if r["arm"] in ("raw ORT loop", "piper CLI", "embedded") or r["arm"].startswith("distributed")]
     if e2e:
         print(f"- Part 1 text: {meta.get('text', '?')}; {meta.get('rounds', '?')} interleaved round(s); pauses 0; format wav")
         print("- Throughput = audio seconds / wall seconds. Embedded and Piper: the whole process, model "
-              "load included. Distributed: submit start -> `narrator status` first says done (polled every "
+              "load included (the raw loop: Python start, session creation and Piper's phonemizer too). Distributed: submit start -> `narrator status` first says done (polled every "
               "0.2 s), with ONE worker started beforehand and waited for until ready: its model load is "
               "EXCLUDED (a worker is long-running). \"embedded minus load\" subtracts the time from the "
               "process start to its `engine ready` log line (reading, planning, runtime, model, phonemizer).")
         print()
-        print("## Part 1: distributed vs embedded (one worker, real engine)")
+        print("## Part 1: raw ONNX Runtime loop, Piper, embedded, distributed (one worker, real engine)")
         print()
         print("| round | arm | audio s | wall s | x realtime | notes | load before → after |")
         print("|---|---|---|---|---|---|---|")
@@ -237,28 +244,45 @@ def report(work, meta):
             if r["arm"] == "embedded":
                 note = (f"start → engine ready {f(r.get('load_s'), 2)} s; minus that {f(r['audio'] / (r['wall'] - r['load_s']) if r.get('load_s') else None, 2)}x; "
                         f"{r.get('segments')} segments; peak RSS {r['rss_kib'] // 1024} MiB")
-            elif r["arm"] == "distributed":
+            elif r["arm"].startswith("distributed"):
                 note = (f"worker ready after {f(r.get('worker_ready'), 2)} s (excluded); submit {f(r.get('submit_wall'), 2)} s; "
                         f"first segment done at +{f(r.get('first_done_rel'), 2)} s, last +{f(r.get('last_done_rel'), 2)} s, "
                         f"assembled +{f(r.get('wall_db'), 2)} s, seen done +{f(r['wall'], 2)} s; "
                         f"worker peak RSS {int(r.get('worker_rss_kib') or 0) // 1024} MiB; exit {r.get('worker_rc')}")
+            elif r["arm"] == "raw ORT loop":
+                note = (f"{r.get('sentences')} sentences; session load {f(r.get('load_s'), 2)} s; "
+                        f"inference loop alone {f(r['audio'] / r['loop'] if r.get('loop') else None, 2)}x; "
+                        f"peak RSS {r['rss_kib'] // 1024} MiB")
             else:
                 note = f"peak RSS {r['rss_kib'] // 1024} MiB"
             print(f"| {r['round']} | {r['arm']} | {f(r['audio'])} | {f(r['wall'], 2)} | {f(xrt(r), 2)} | {note} | {r['load'][0]} → {r['load'][1]} |")
         print()
-        print("| arm | runs | median audio s | median wall s | median x realtime | min | max |")
-        print("|---|---|---|---|---|---|---|")
+        print("| arm | runs | median audio s | median wall s | median x realtime | min | max | ratio to raw loop (medians) | median peak RSS MiB |")
+        print("|---|---|---|---|---|---|---|---|---|")
         by = {}
         for r in e2e:
             by.setdefault(r["arm"], []).append(r)
         emb = by.get("embedded", [])
         if emb and all(r.get("load_s") for r in emb):
             by["embedded minus model load"] = [dict(r, wall=r["wall"] - r["load_s"]) for r in emb]
-        order = ["piper CLI", "embedded", "embedded minus model load", "distributed"]
+        raw = by.get("raw ORT loop", [])
+        if raw and all(r.get("loop") for r in raw):
+            by["raw ORT loop, inference only"] = [dict(r, wall=r["loop"]) for r in raw]
+        order = ["raw ORT loop", "raw ORT loop, inference only", "piper CLI", "embedded",
+                 "embedded minus model load", "distributed"]
+        order += sorted(a for a in by if a.startswith("distributed (")) 
+        raw_x = med(xrt(r) for r in raw) if raw else None
+
+        def rss(r):
+            k = r.get("rss_kib") or r.get("worker_rss_kib")
+            return int(k) / 1024 if k else None
+
         for arm in [a for a in order if a in by]:
             xs = [xrt(r) for r in by[arm]]
+            mem = [m for m in (rss(r) for r in by[arm]) if m]
+            to_raw = f"{med(xs) / raw_x:.3f}" if raw_x else "–"
             print(f"| {arm} | {len(xs)} | {f(med(r['audio'] for r in by[arm]))} | {f(med(r['wall'] for r in by[arm]), 2)} | "
-                  f"**{f(med(xs), 2)}** | {f(min(xs), 2)} | {f(max(xs), 2)} |")
+                  f"**{f(med(xs), 2)}** | {f(min(xs), 2)} | {f(max(xs), 2)} | {to_raw} | {f(med(mem), 0) if mem else '–'} |")
         print()
 
         def ratio(a, b, target=None):
@@ -274,11 +298,29 @@ def report(work, meta):
 
         print("| throughput ratio | medians | paired per round: median (each round) | target | verdict |")
         print("|---|---|---|---|---|")
+        ratio("embedded", "raw ORT loop", 0.95)
+        ratio("distributed", "raw ORT loop", 0.90)
+        ratio("embedded", "piper CLI", 1.0)
         ratio("distributed", "embedded", 0.90)
         ratio("distributed", "embedded minus model load")
         ratio("distributed", "piper CLI")
-        ratio("embedded", "piper CLI")
+        for a in sorted(a for a in by if a.startswith("distributed (")):
+            ratio(a, "raw ORT loop", 0.90)
+            ratio(a, "distributed")
         print()
+        dists = [r for r in e2e if r["arm"].startswith("distributed") and r.get("cpu")]
+        if dists:
+            groups = ["narrator worker", "narrator (other)", "beam.smp", "postgres", "s3s-fs", "other"]
+            print("CPU seconds of the distributed runs (t0 → done, /proc utime+stime): what the services "
+                  "sharing this machine's cores with inference cost:")
+            print()
+            print("| round | arm | span s | " + " | ".join(groups) + " | all |")
+            print("|---|---|---|" + "---|" * len(groups) + "---|")
+            for r in sorted(dists, key=lambda r: (int(r["round"]), r["arm"])):
+                c = r["cpu"]
+                cells = [f"{c['groups'].get(g, 0.0):.1f}" for g in groups]
+                print(f"| {r['round']} | {r['arm']} | {c['span']:.1f} | " + " | ".join(cells) + f" | {c['busy']:.1f} |")
+            print()
     nulls = [r for r in rs if r["arm"] == "null"]
     if nulls:
         print("## Part 2: control plane, `narrator worker --engine null`")

@@ -28,6 +28,9 @@ pub struct SessionOptions {
     /// CUDA only: cap on the CUDA arena in bytes (ONNX Runtime's `gpu_mem_limit`).
     /// Allocations past it fail as out of memory; `None` leaves ONNX Runtime's default.
     pub gpu_mem_limit: Option<usize>,
+    /// Whether idle intra-op threads spin (ONNX Runtime's default: fastest when the
+    /// session has the cores to itself) or sleep (leaves CPU to services sharing them).
+    pub spin: bool,
 }
 
 /// One loaded voice model in one ONNX Runtime session.
@@ -100,7 +103,9 @@ impl PiperEngine {
             .with_intra_threads(opts.intra_threads.max(1))
             .map_err(|e| ort_err("setting intra-op threads")(e.into()))?
             .with_inter_threads(1)
-            .map_err(|e| ort_err("setting inter-op threads")(e.into()))?;
+            .map_err(|e| ort_err("setting inter-op threads")(e.into()))?
+            .with_intra_op_spinning(opts.spin)
+            .map_err(|e| ort_err("setting intra-op spinning")(e.into()))?;
         if let Device::Cuda(id) = device {
             let cuda = ort::ep::CUDA::default()
                 .with_device_id(id as i32)

@@ -37,6 +37,7 @@ fn engine() -> (Voice, PiperEngine) {
         intra_threads: 2,
         device: Device::Cpu,
         gpu_mem_limit: None,
+        spin: true,
     };
     let engine = PiperEngine::load(rt, &voice.model_path, &opts).expect("session");
     (voice, engine)

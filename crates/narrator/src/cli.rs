@@ -61,6 +61,10 @@ pub(crate) struct EngineArgs {
     /// as out of memory, which halves the batch budget).
     #[arg(long, env = "NARRATOR_GPU_MEM_LIMIT_MIB")]
     pub(crate) gpu_mem_limit_mib: Option<usize>,
+    /// Idle ONNX Runtime threads sleep instead of spinning: leaves CPU to services on the
+    /// same machine (S3, Postgres, RabbitMQ); spinning is faster when inference is alone.
+    #[arg(long, env = "NARRATOR_NO_SPIN")]
+    pub(crate) no_spin: bool,
     /// Noise scale (default: the voice's). 0 makes output deterministic.
     #[arg(long)]
     pub(crate) noise_scale: Option<f32>,

@@ -228,6 +228,7 @@ pub(crate) fn load(
         intra_threads: intra,
         device,
         gpu_mem_limit: args.gpu_mem_limit_mib.map(|m| m << 20),
+        spin: !args.no_spin,
     };
     let pool = match test_memory_limit() {
         None => EnginePool::start(
@@ -280,6 +281,7 @@ pub(crate) fn load(
                     intra_threads: intra,
                     device: Device::Cpu,
                     gpu_mem_limit: None,
+                    spin: !args.no_spin,
                 },
             },
         )
@@ -421,6 +423,7 @@ pub(crate) fn load(
             intra_threads: cores,
             device: Device::Cpu,
             gpu_mem_limit: None,
+            spin: !args.no_spin,
         };
         synth = synth.with_fallback(Box::new(move || {
             let pool = EnginePool::start(
