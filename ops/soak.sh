@@ -9,6 +9,7 @@
 #   --every S       sampling interval of RSS and open file descriptors (default 5)
 #   --workers N     workers on the one queue (default 2)
 #   --keep DIR      keep the work folder (samples.tsv, logs, embedded output) in DIR
+#   --reference DIR reuse the embedded run of an earlier `--keep DIR` (same book)
 #
 # Steps: 1. `narrator run BOOK` (embedded, opus) for the reference audio length. 2. a fresh
 # database and RabbitMQ vhost (narrator_soak, dropped at the end), N workers started and
@@ -17,21 +18,25 @@
 # its verdict: every chapter file and the book file are among the job's outputs; total
 # audio within 2 % of the embedded run's; per worker, after warm-up (the first quarter of
 # the samples), the median RSS of the last third is within 5 % + 16 MiB of the median of
-# the first third, and open descriptors grow by at most 8. Exit status 1 if a check fails.
+# the first third, and open descriptors, sampled 120 s more after the job with the workers
+# idle, end within 8 of where they were after warm-up. Exit status 1 if a check fails.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BOOK=""
 EVERY=5
 WORKERS=2
+IDLE=120
 KEEP=""
+REFERENCE=""
 while (($#)); do
     case "$1" in
         --book) BOOK="${2:?--book needs PATH}"; shift 2 ;;
         --every) EVERY="${2:?--every needs SECONDS}"; shift 2 ;;
         --workers) WORKERS="${2:?--workers needs N}"; shift 2 ;;
         --keep) KEEP="${2:?--keep needs DIR}"; shift 2 ;;
-        -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --reference) REFERENCE="${2:?--reference needs DIR}"; shift 2 ;;
+        -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "soak: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -78,11 +83,20 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---- 1. the embedded reference --------------------------------------------------------
-log "embedded run of $(basename "$BOOK") (the reference)"
-t0=$(date +%s)
-"$NARRATOR" run "$BOOK" --out "$WORK/embedded" --format opus --json >"$WORK/embedded.json" 2>"$WORK/embedded.stderr" ||
-    { tail -5 "$WORK/embedded.stderr" >&2; die "narrator run failed"; }
-log "embedded: $(( $(date +%s) - t0 )) s"
+if [[ -n "$REFERENCE" ]]; then
+    [[ -s "$REFERENCE/embedded.json" && -f "$REFERENCE/embedded/manifest.json" ]] ||
+        die "--reference $REFERENCE: no embedded.json and embedded/manifest.json there (from --keep)"
+    mkdir -p "$WORK/embedded"
+    cp "$REFERENCE/embedded.json" "$WORK/embedded.json"
+    cp "$REFERENCE/embedded/manifest.json" "$WORK/embedded/manifest.json"
+    log "embedded reference reused from $REFERENCE"
+else
+    log "embedded run of $(basename "$BOOK") (the reference)"
+    t0=$(date +%s)
+    "$NARRATOR" run "$BOOK" --out "$WORK/embedded" --format opus --json >"$WORK/embedded.json" 2>"$WORK/embedded.stderr" ||
+        { tail -5 "$WORK/embedded.stderr" >&2; die "narrator run failed"; }
+    log "embedded: $(( $(date +%s) - t0 )) s"
+fi
 
 # ---- 2. the distributed run -----------------------------------------------------------
 dropdb "${PG[@]}" --if-exists "$NAME" >/dev/null
@@ -108,7 +122,7 @@ START=$(date +%s)
 "$NARRATOR" submit "$BOOK" --format opus --json >"$WORK/submit.json" 2>"$WORK/submit.stderr" ||
     { tail -5 "$WORK/submit.stderr" >&2; die "narrator submit failed"; }
 JOB=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["job_id"])' "$WORK/submit.json")
-printf 't_s\tworker\trss_kib\tfds\n' >"$WORK/samples.tsv"
+printf 't_s\tworker\trss_kib\tfds\tphase\n' >"$WORK/samples.tsv"
 while :; do
     now=$(($(date +%s) - START))
     for ((i = 1; i <= WORKERS; i++)); do
@@ -116,7 +130,7 @@ while :; do
         kill -0 "$p" 2>/dev/null || die "worker $i died during the soak (log: $WORK/worker-$i.stderr)"
         rss=$(awk '/^VmRSS:/{print $2}' "/proc/$p/status")
         fds=$(find "/proc/$p/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
-        printf '%s\t%s\t%s\t%s\n' "$now" "$i" "$rss" "$fds" >>"$WORK/samples.tsv"
+        printf '%s\t%s\t%s\t%s\tjob\n' "$now" "$i" "$rss" "$fds" >>"$WORK/samples.tsv"
     done
     "$NARRATOR" status "$JOB" --json >"$WORK/status.json" 2>/dev/null || true
     state=$(python3 -c 'import json,sys
@@ -130,7 +144,17 @@ except Exception: print("?")' "$WORK/status.json")
     sleep "$EVERY"
 done
 END=$(date +%s)
-log "distributed: done in $((END - START)) s"
+log "distributed: done in $((END - START)) s; sampling $IDLE s more with the workers idle"
+# Idle connections (S3 client pools after the assembly's downloads) close after ~90 s.
+for ((k = 0; k * EVERY < IDLE; k++)); do
+    sleep "$EVERY"
+    for ((i = 1; i <= WORKERS; i++)); do
+        p=${PIDS[$((i - 1))]}
+        rss=$(awk '/^VmRSS:/{print $2}' "/proc/$p/status")
+        fds=$(find "/proc/$p/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+        printf '%s\t%s\t%s\t%s\tidle\n' "$(($(date +%s) - START))" "$i" "$rss" "$fds" >>"$WORK/samples.tsv"
+    done
+done
 for p in "${PIDS[@]}"; do kill -TERM "$p"; done
 for i in "${!PIDS[@]}"; do wait "${PIDS[$i]}" || die "worker $((i + 1)) exited non-zero after SIGTERM"; done
 PIDS=()
@@ -162,7 +186,8 @@ d, e = float(st.get("audio_seconds") or 0), float(emb["audio_seconds"])
 check("total audio within 2 %", e > 0 and abs(d - e) / e <= 0.02, f"{d:.1f} s vs {e:.1f} s embedded ({(d - e) / e * 100:+.2f} %)")
 rows = [l.split("\t") for l in open(f"{work}/samples.tsv").read().splitlines()[1:]]
 for w in range(1, workers + 1):
-    s = [(int(t), int(r), int(f)) for t, ww, r, f in rows if int(ww) == w]
+    s = [(int(t), int(r), int(f)) for t, ww, r, f, ph in rows if int(ww) == w and ph == "job"]
+    idle = [int(f) for t, ww, r, f, ph in rows if int(ww) == w and ph == "idle"]
     after = s[len(s) // 4:]
     if len(after) < 6:
         check(f"worker {w} flat", False, f"only {len(s)} samples: the run was too short to judge")
@@ -173,7 +198,8 @@ for w in range(1, workers + 1):
     fds = [f for _, _, f in after]
     check(f"worker {w} RSS flat after warm-up", last <= first * 1.05 + 16 * 1024,
           f"median {first / 1024:.0f} MiB (first third) -> {last / 1024:.0f} MiB (last third); peak {max(r for _, r, _ in s) / 1024:.0f} MiB; {len(s)} samples")
-    check(f"worker {w} open files flat", max(fds) - fds[0] <= 8 and fds[-1] - fds[0] <= 8,
-          f"{fds[0]} -> {fds[-1]} (max {max(fds)}, min {min(fds)})")
+    check(f"worker {w} open files back to the start after the job", bool(idle) and idle[-1] - fds[0] <= 8,
+          f"{fds[0]} after warm-up, max {max(fds)} during the job (assembly downloads), "
+          f"{idle[-1] if idle else '?'} after {len(idle)} idle samples")
 sys.exit(0 if ok else 1)
 EOF

@@ -165,7 +165,28 @@ pub fn calibrate(
 /// Runs one batch at the full budget (items of the calibration's length), so a plan too
 /// large for the device fails at start, not in the middle of a book. Out of memory halves
 /// the budget and tries again (at most 6 times); returns the seconds of the last run.
-pub fn warm_up(synth: &Synthesizer, item_tokens: usize) -> Result<f64, PipelineError> {
+/// Then one utterance of `longest` ids, the longest the phonemizer hands the engine (it
+/// runs alone whatever the budget): ONNX Runtime's arena grows to the largest shape it has
+/// seen and keeps it, so this makes memory grow at start rather than hours into a book.
+pub fn warm_up(
+    synth: &Synthesizer,
+    item_tokens: usize,
+    longest: usize,
+) -> Result<f64, PipelineError> {
+    let seconds = warm_up_budget(synth, item_tokens)?;
+    let item = calibration_items(synth, longest)?;
+    match synth.pool().synthesize_blocking(vec![item], synth.scales()) {
+        Ok(_) => {}
+        // The batches' own out-of-memory handling (halve, fall back) takes over there.
+        Err(e @ narrator_engine::EngineError::OutOfMemory { .. }) => {
+            tracing::warn!(error = %e, longest, "the longest utterance alone ran out of memory at warm-up");
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(seconds)
+}
+
+fn warm_up_budget(synth: &Synthesizer, item_tokens: usize) -> Result<f64, PipelineError> {
     for _ in 0..6 {
         let budget = synth.budget();
         let item = calibration_items(synth, item_tokens.min(budget.max_tokens.max(4)))?;

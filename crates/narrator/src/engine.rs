@@ -105,7 +105,7 @@ pub(crate) fn scales(args: &EngineArgs, voice: &Voice) -> Scales {
 }
 
 /// Longest utterance the phonemizer hands the engine (a `--max-batch N` budget is N of them).
-const MAX_ITEM_TOKENS: usize = narrator_pipeline::synth::MAX_PHONEMES + 2;
+pub(crate) const MAX_ITEM_TOKENS: usize = narrator_pipeline::synth::MAX_PHONEMES + 2;
 
 /// Sentence-sized calibration items, in padded tokens.
 pub(crate) const ITEM_TOKENS: usize = 128;

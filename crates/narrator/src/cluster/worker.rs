@@ -559,7 +559,11 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
             // One batch at the full budget before consuming: a plan too large for the
             // device fails (or shrinks) here, not in the middle of a book.
             let secs = tokio::task::block_in_place(|| {
-                narrator_pipeline::warm_up(&loaded.synth, engine::ITEM_TOKENS)
+                narrator_pipeline::warm_up(
+                    &loaded.synth,
+                    engine::ITEM_TOKENS,
+                    engine::MAX_ITEM_TOKENS,
+                )
             })
             .with_context(|| format!("warming up voice {name} at the planned batch"))?;
             tracing::info!(voice = %name, seconds = secs, "warm-up at the full budget done");
