@@ -155,6 +155,7 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
     };
     let loaded = engine::load(&paths, &args.engine, voice, planning)?;
     let plan = loaded.plan_json();
+    let (profile, runtime) = (loaded.profile, loaded.runtime);
     let synth = Arc::new(loaded.synth);
     let device = synth.pool().device();
     let on_gpu = matches!(device, narrator_engine::Device::Cuda(_));
@@ -179,11 +180,10 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
     let figures = narrator_pipeline::bench(synth.clone(), &opts)
         .await
         .context("benchmark")?;
-    let profile = narrator_hardware::probe();
+    // The profile and runtime version from loading: probing again would sleep for the
+    // swap sample a second time.
+    let profile = profile.unwrap_or_else(narrator_hardware::probe);
     let hardware = hardware_label(&profile, &device.to_string());
-    let runtime = narrator_engine::load_runtime(&paths.onnxruntime)
-        .ok()
-        .and_then(|rt| narrator_hardware::doctor::version_from_library_path(&rt.library));
     let mut report = serde_json::to_value(&figures)?;
     if let Some(o) = report.as_object_mut() {
         o.insert("device".into(), device.to_string().into());

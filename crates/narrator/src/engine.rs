@@ -20,6 +20,10 @@ pub(crate) struct Loaded {
     pub(crate) plan: Plan,
     /// The calibration the plan used (measured, cached or none).
     pub(crate) calibration: Option<Calibration>,
+    /// The machine as probed while loading (`None` for the null engine).
+    pub(crate) profile: Option<HardwareProfile>,
+    /// The ONNX Runtime version, when the library's name tells it.
+    pub(crate) runtime: Option<String>,
 }
 
 impl Loaded {
@@ -443,6 +447,8 @@ pub(crate) fn load(
         in_flight: sessions + 1,
         plan,
         calibration,
+        profile: Some(profile),
+        runtime: Some(runtime).filter(|r| r != "unknown"),
     })
 }
 
@@ -514,6 +520,8 @@ pub(crate) fn load_null(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyho
         in_flight: 4,
         plan,
         calibration: None,
+        profile: None,
+        runtime: None,
     })
 }
 
