@@ -29,7 +29,7 @@
 # wall, model load included; the model-load share is read from its "engine ready" log
 # line); distributed = fresh database + migrate, purged queue, ONE `narrator worker`
 # started and waited for until "ready" (model load excluded: a worker is long-running),
-# then submit start -> `narrator status JOB --json` (every 0.2 s) says done; the worker is
+# then submit start -> `narrator status JOB --wait` (one query per 0.1 s) says done; the worker is
 # stopped with SIGTERM and must exit 0. Audio seconds from each tool's JSON (pauses 0).
 # Part 2: the same with `narrator worker --engine null` (real phonemizer, S3, Postgres,
 # RabbitMQ; silence instead of inference) on N short distinct sentences in 10 chapters.
@@ -301,7 +301,7 @@ run_cluster() {
     job=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["job_id"])' "$dir/submit.json")
     JOBS_MADE+=("$job")
     echo "job=$job" >>"$dir/meta"
-    python3 ops/bench/cluster_poll.py "$NARRATOR" "$job" --interval 0.2 --timeout 7200 >"$dir/poll.json" ||
+    python3 ops/bench/cluster_poll.py "$NARRATOR" "$job" --timeout 7200 >"$dir/poll.json" ||
         die "job $job did not finish (reason above; worker log: $dir/worker.stderr)"
     python3 ops/bench/cluster_cpu.py "$WORKER_PID" >"$dir/cpu1.json"
     if [[ -n "$TOP_PID" ]]; then kill "$TOP_PID"; wait "$TOP_PID" 2>/dev/null || true; TOP_PID=""; fi

@@ -115,6 +115,22 @@ pub struct SegmentRecord {
     pub worker: String,
     /// Phoneme ids it was synthesized from (all utterances).
     pub phoneme_ids: u32,
+    /// Where its audio is when it shares a stored object with other segments (a pack);
+    /// `None`: under the segment's own key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packed: Option<PackedAt>,
+}
+
+/// A segment's place inside a pack: one stored object holding the audio of several
+/// segments (each a complete WAV), written in one request to save per-object costs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackedAt {
+    /// The pack's key in the store.
+    pub key: String,
+    /// Where the segment's bytes start in the pack.
+    pub offset: u64,
+    /// How many bytes they take.
+    pub len: u64,
 }
 
 impl SegmentRecord {

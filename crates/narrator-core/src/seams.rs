@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::path::Path;
 
-use crate::{SegmentAudio, SegmentRecord};
+use crate::{PackedAt, SegmentAudio, SegmentRecord};
 
 /// A failure at a seam, with a stable kind word (metric label, `failure_kind`).
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +72,36 @@ pub trait AudioStore: Send + Sync {
         name: &str,
         file: &Path,
     ) -> impl Future<Output = Result<(), SeamError>> + Send;
+    /// Stores the audio of several segments of one job; returns, per item and in order,
+    /// where it went: `None` under its own key ([`AudioStore::get_segment`]), or a place in
+    /// a pack ([`AudioStore::get_pack`]). A networked store writes one object for all of
+    /// them, saving a request per segment. The default stores each under its own key.
+    fn put_segments(
+        &self,
+        job: &str,
+        items: &[(u32, &SegmentAudio)],
+    ) -> impl Future<Output = Result<Vec<Option<PackedAt>>, SeamError>> + Send {
+        async move {
+            for (index, audio) in items {
+                self.put_segment(job, *index, audio).await?;
+            }
+            Ok(vec![None; items.len()])
+        }
+    }
+    /// The whole pack stored under `key` by [`AudioStore::put_segments`]; a segment's
+    /// bytes are `[offset, offset + len)` of it, one complete WAV. The default: a store
+    /// that never packs has none.
+    fn get_pack(
+        &self,
+        job: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Vec<u8>, SeamError>> + Send {
+        let _ = job;
+        std::future::ready(Err(SeamError::msg(
+            "store_io",
+            format!("pack {key:?} asked of a store that does not write packs"),
+        )))
+    }
 }
 
 /// Where job state and per-segment figures are recorded.
@@ -82,6 +112,20 @@ pub trait StateStore: Send + Sync {
         job: &str,
         record: &SegmentRecord,
     ) -> impl Future<Output = Result<(), SeamError>> + Send;
+    /// Records several finished segments of one job (after their audio is stored); the
+    /// default records each in turn. A database does it in one statement.
+    fn record_segments(
+        &self,
+        job: &str,
+        records: &[SegmentRecord],
+    ) -> impl Future<Output = Result<(), SeamError>> + Send {
+        async move {
+            for r in records {
+                self.record_segment(job, r).await?;
+            }
+            Ok(())
+        }
+    }
     /// The segments recorded as finished, one record per index.
     fn finished_segments(
         &self,

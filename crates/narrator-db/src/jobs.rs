@@ -339,6 +339,16 @@ fn summary(row: &PgRow) -> Result<JobSummary, DbError> {
     })
 }
 
+/// Just the job's state (one indexed row): for waiting on a job without the cost of
+/// [`job_status`]'s per-chapter progress. `None`: no such job.
+pub async fn job_state(exec: impl PgExecutor<'_>, job: Uuid) -> Result<Option<JobState>, DbError> {
+    let state: Option<String> = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1")
+        .bind(job)
+        .fetch_optional(exec)
+        .await?;
+    state.as_deref().map(JobState::parse).transpose()
+}
+
 /// A job's status with per-chapter progress; `None` if there is no such job.
 pub async fn job_status(
     exec: impl PgExecutor<'_>,

@@ -31,10 +31,11 @@ pub use cluster::{
 pub use error::DbError;
 pub use jobs::{
     ChapterProgress, JobState, JobStatus, JobSummary, cancel_job, claim_assembly, create_job,
-    fail_job, finish_job, job_status, list_jobs,
+    fail_job, finish_job, job_state, job_status, list_jobs,
 };
 pub use segments::{
-    RecordOutcome, fail_segment, finished_segments, mark_published, record_segment, unpublished,
+    RecordOutcome, RecordsOutcome, fail_segment, finished_segments, mark_published, record_segment,
+    record_segments, unpublished,
 };
 pub use store::PgStateStore;
 pub use workers::{WorkerInfo, WorkerStatus, heartbeat, list_workers};

@@ -27,6 +27,16 @@ pub struct RecordOutcome {
     pub job_complete: bool,
 }
 
+/// What recording several segments of a job did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordsOutcome {
+    /// How many this call marked done (the others already were; they did not change).
+    pub newly_done: u64,
+    /// Every segment of the job is done (also when nothing changed), as in
+    /// [`RecordOutcome::job_complete`].
+    pub job_complete: bool,
+}
+
 /// Records a finished segment's figures. Idempotent: a second record of the same segment
 /// changes nothing and returns `newly_done: false`. The first record of a job moves it
 /// from `queued` to `running`.
@@ -35,58 +45,147 @@ pub async fn record_segment(
     job: Uuid,
     r: &SegmentRecord,
 ) -> Result<RecordOutcome, DbError> {
-    let row = sqlx::query(
-        "WITH seg AS ( \
-           UPDATE segments SET state = 'done', samples = $3, sample_rate = $4, \
-             audio_seconds = $5, inference_seconds = $6, queue_wait_seconds = $7, \
-             batch_size = $8, attempts = $9, worker = $10, phoneme_ids = $11, \
-             done_at = now(), failure_kind = NULL, failure_reason = NULL \
-           WHERE job_id = $1 AND idx = $2 AND state <> 'done' \
-           RETURNING audio_seconds, inference_seconds) \
-         UPDATE jobs j SET segments_done = j.segments_done + 1, \
-           audio_seconds = j.audio_seconds + seg.audio_seconds, \
-           speech_seconds = j.speech_seconds + seg.audio_seconds, \
-           state = CASE WHEN j.state = 'queued' THEN 'running' ELSE j.state END, \
-           started_at = coalesce(j.started_at, now() - make_interval(secs => seg.inference_seconds)) \
-         FROM seg WHERE j.id = $1 \
-         RETURNING j.segments_done = j.segments_total AS complete",
-    )
-    .bind(job)
-    .bind(int4("segment index", r.index)?)
-    .bind(int8("samples", r.samples)?)
-    .bind(int4("sample rate", r.sample_rate)?)
-    .bind(r.audio_seconds)
-    .bind(r.inference_seconds)
-    .bind(r.queue_wait_seconds)
-    .bind(int4("batch size", r.batch_size)?)
-    .bind(int4("attempts", r.attempts)?)
-    .bind(&r.worker)
-    .bind(int4("phoneme ids", r.phoneme_ids)?)
-    .fetch_optional(pool)
-    .await
-    .map_err(|e| DbError::on_job(job, e))?;
-    if let Some(row) = row {
-        return Ok(RecordOutcome {
-            newly_done: true,
-            job_complete: row.try_get("complete")?,
+    let out = record_segments(pool, job, std::slice::from_ref(r)).await?;
+    Ok(RecordOutcome {
+        newly_done: out.newly_done > 0,
+        job_complete: out.job_complete,
+    })
+}
+
+/// Postgres' "deadlock detected": two statements locked the same segments in opposite
+/// orders (overlapping redeliveries); one is rolled back and is simply run again.
+const DEADLOCK: &str = "40P01";
+
+/// Records several finished segments of one job in one statement: the segments not yet
+/// done are updated and the job's counters move by their sum, so a batch costs one round
+/// trip and one lock of the job's row instead of one per segment. Idempotent per segment,
+/// as [`record_segment`]. A segment index the job does not have is refused, and nothing
+/// is recorded.
+pub async fn record_segments(
+    pool: &PgPool,
+    job: Uuid,
+    records: &[SegmentRecord],
+) -> Result<RecordsOutcome, DbError> {
+    let mut records: Vec<&SegmentRecord> = records.iter().collect();
+    // Rows are locked in index order, which keeps concurrent batches from deadlocking in
+    // the common case.
+    records.sort_by_key(|r| r.index);
+    records.dedup_by_key(|r| r.index);
+    let col = |f: &dyn Fn(&SegmentRecord) -> Result<i32, DbError>| {
+        records
+            .iter()
+            .map(|r| f(r))
+            .collect::<Result<Vec<i32>, DbError>>()
+    };
+    let idx = col(&|r| int4("segment index", r.index))?;
+    let rate = col(&|r| int4("sample rate", r.sample_rate))?;
+    let batch = col(&|r| int4("batch size", r.batch_size))?;
+    let attempts = col(&|r| int4("attempts", r.attempts))?;
+    let ids = col(&|r| int4("phoneme ids", r.phoneme_ids))?;
+    let samples = records
+        .iter()
+        .map(|r| int8("samples", r.samples))
+        .collect::<Result<Vec<i64>, DbError>>()?;
+    let f64s = |f: fn(&SegmentRecord) -> f64| records.iter().map(|r| f(r)).collect::<Vec<f64>>();
+    let worker: Vec<&str> = records.iter().map(|r| r.worker.as_str()).collect();
+    let pack_key: Vec<Option<&str>> = records
+        .iter()
+        .map(|r| r.packed.as_ref().map(|p| p.key.as_str()))
+        .collect();
+    let pack_pos = |f: fn(&narrator_core::PackedAt) -> u64, what| {
+        records
+            .iter()
+            .map(|r| r.packed.as_ref().map(|p| int8(what, f(p))).transpose())
+            .collect::<Result<Vec<Option<i64>>, DbError>>()
+    };
+    let pack_offset = pack_pos(|p| p.offset, "pack offset")?;
+    let pack_len = pack_pos(|p| p.len, "pack length")?;
+    let (audio, inference, wait) = (
+        f64s(|r| r.audio_seconds),
+        f64s(|r| r.inference_seconds),
+        f64s(|r| r.queue_wait_seconds),
+    );
+    let mut tries = 0;
+    let row = loop {
+        let q = sqlx::query(
+            "WITH input AS ( \
+               SELECT * FROM unnest($2::int4[], $3::int8[], $4::int4[], $5::float8[], \
+                 $6::float8[], $7::float8[], $8::int4[], $9::int4[], $10::text[], $11::int4[], \
+                 $12::text[], $13::int8[], $14::int8[]) \
+               AS t(idx, samples, sample_rate, audio_seconds, inference_seconds, \
+                 queue_wait_seconds, batch_size, attempts, worker, phoneme_ids, \
+                 pack_key, pack_offset, pack_len)), \
+             seg AS ( \
+               UPDATE segments s SET state = 'done', samples = i.samples, \
+                 sample_rate = i.sample_rate, audio_seconds = i.audio_seconds, \
+                 inference_seconds = i.inference_seconds, \
+                 queue_wait_seconds = i.queue_wait_seconds, batch_size = i.batch_size, \
+                 attempts = i.attempts, worker = i.worker, phoneme_ids = i.phoneme_ids, \
+                 pack_key = i.pack_key, pack_offset = i.pack_offset, pack_len = i.pack_len, \
+                 done_at = now(), failure_kind = NULL, failure_reason = NULL \
+               FROM input i WHERE s.job_id = $1 AND s.idx = i.idx AND s.state <> 'done' \
+                 AND (SELECT count(*) FROM segments k \
+                      WHERE k.job_id = $1 AND k.idx = ANY($2)) = cardinality($2) \
+               RETURNING s.audio_seconds, s.inference_seconds), \
+             agg AS (SELECT count(*) AS n, coalesce(sum(audio_seconds), 0) AS audio, \
+               coalesce(max(inference_seconds), 0) AS inference FROM seg), \
+             job AS ( \
+               UPDATE jobs j SET segments_done = j.segments_done + agg.n, \
+                 audio_seconds = j.audio_seconds + agg.audio, \
+                 speech_seconds = j.speech_seconds + agg.audio, \
+                 state = CASE WHEN j.state = 'queued' THEN 'running' ELSE j.state END, \
+                 started_at = coalesce(j.started_at, \
+                   now() - make_interval(secs => agg.inference)) \
+               FROM agg WHERE j.id = $1 AND agg.n > 0 \
+               RETURNING j.segments_done = j.segments_total AS complete) \
+             SELECT (SELECT n FROM agg) AS newly, \
+               (SELECT complete FROM job) AS complete_now, \
+               (SELECT segments_done = segments_total FROM jobs WHERE id = $1) AS complete_before, \
+               (SELECT count(*) FROM segments WHERE job_id = $1 AND idx = ANY($2)) AS known",
+        )
+        .bind(job)
+        .bind(&idx)
+        .bind(&samples)
+        .bind(&rate)
+        .bind(&audio)
+        .bind(&inference)
+        .bind(&wait)
+        .bind(&batch)
+        .bind(&attempts)
+        .bind(&worker)
+        .bind(&ids)
+        .bind(&pack_key)
+        .bind(&pack_offset)
+        .bind(&pack_len);
+        match q.fetch_one(pool).await {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(DEADLOCK) && tries < 3 => {
+                tries += 1;
+            }
+            r => break r.map_err(|e| DbError::on_job(job, e))?,
+        }
+    };
+    let known: i64 = row.try_get("known")?;
+    if known < idx.len() as i64 {
+        // The statement changed nothing (it updates only when every index exists).
+        let mut missing = idx.clone();
+        let present: Vec<i32> =
+            sqlx::query_scalar("SELECT idx FROM segments WHERE job_id = $1 AND idx = ANY($2)")
+                .bind(job)
+                .bind(&idx)
+                .fetch_all(pool)
+                .await?;
+        missing.retain(|i| !present.contains(i));
+        return Err(DbError::SegmentNotFound {
+            job,
+            index: missing.first().map_or(0, |&i| i as u32),
         });
     }
-    // Nothing changed: already done, or no such segment.
-    let row = sqlx::query(
-        "SELECT j.segments_done = j.segments_total AS complete FROM segments s \
-         JOIN jobs j ON j.id = s.job_id WHERE s.job_id = $1 AND s.idx = $2",
-    )
-    .bind(job)
-    .bind(int4("segment index", r.index)?)
-    .fetch_optional(pool)
-    .await?
-    .ok_or(DbError::SegmentNotFound {
-        job,
-        index: r.index,
-    })?;
-    Ok(RecordOutcome {
-        newly_done: false,
-        job_complete: row.try_get("complete")?,
+    let newly: i64 = row.try_get("newly")?;
+    let complete_now: Option<bool> = row.try_get("complete_now")?;
+    let complete_before: Option<bool> = row.try_get("complete_before")?;
+    Ok(RecordsOutcome {
+        newly_done: newly.max(0) as u64,
+        job_complete: complete_now.or(complete_before).unwrap_or(false),
     })
 }
 
@@ -131,6 +230,14 @@ fn record(row: &PgRow) -> Result<SegmentRecord, DbError> {
         attempts: u32_of("attempts")?,
         worker: row.try_get("worker")?,
         phoneme_ids: u32_of("phoneme_ids")?,
+        packed: match row.try_get::<Option<String>, _>("pack_key")? {
+            None => None,
+            Some(key) => Some(narrator_core::PackedAt {
+                key,
+                offset: unsigned("pack_offset", row.try_get("pack_offset")?)?,
+                len: unsigned("pack_len", row.try_get("pack_len")?)?,
+            }),
+        },
     })
 }
 
@@ -141,7 +248,8 @@ pub async fn finished_segments(
 ) -> Result<Vec<SegmentRecord>, DbError> {
     sqlx::query(
         "SELECT idx, samples, sample_rate, audio_seconds, inference_seconds, \
-         queue_wait_seconds, batch_size, attempts, worker, phoneme_ids \
+         queue_wait_seconds, batch_size, attempts, worker, phoneme_ids, \
+         pack_key, pack_offset, pack_len \
          FROM segments WHERE job_id = $1 AND state = 'done' ORDER BY idx",
     )
     .bind(job)

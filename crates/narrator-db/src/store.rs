@@ -86,6 +86,14 @@ impl StateStore for PgStateStore {
         Ok(())
     }
 
+    async fn record_segments(&self, job: &str, records: &[SegmentRecord]) -> Result<(), SeamError> {
+        let id = self.resolve(job).map_err(seam)?;
+        crate::record_segments(&self.pool, id, records)
+            .await
+            .map_err(seam)?;
+        Ok(())
+    }
+
     async fn finished_segments(&self, job: &str) -> Result<Vec<SegmentRecord>, SeamError> {
         let id = self.resolve(job).map_err(seam)?;
         crate::finished_segments(&self.pool, id).await.map_err(seam)

@@ -5,11 +5,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use narrator_core::{ChapterPlan, JobPlan, PauseAfter, Segment, SegmentRecord, StateStore};
+use narrator_core::{
+    ChapterPlan, JobPlan, PackedAt, PauseAfter, Segment, SegmentRecord, StateStore,
+};
 use narrator_db::{
     DbError, JobState, PgStateStore, RecordOutcome, WorkerInfo, cancel_job, claim_assembly,
     create_job, fail_job, finish_job, finished_segments, heartbeat, job_status, list_jobs,
-    list_workers, mark_published, record_segment, unpublished,
+    list_workers, mark_published, record_segment, record_segments, unpublished,
 };
 use sqlx::PgPool;
 
@@ -68,6 +70,7 @@ fn rec(index: u32, worker: &str) -> SegmentRecord {
         attempts: 1,
         worker: worker.into(),
         phoneme_ids: 42,
+        packed: None,
     }
 }
 
@@ -203,6 +206,105 @@ async fn a_duplicate_record_changes_nothing(pool: PgPool) {
         missing,
         Err(DbError::SegmentNotFound { index: 7, .. })
     ));
+}
+
+fn packed(index: u32, key: &str, offset: u64) -> SegmentRecord {
+    SegmentRecord {
+        packed: Some(PackedAt {
+            key: key.into(),
+            offset,
+            len: 44_144,
+        }),
+        ..rec(index, "w1")
+    }
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn a_group_of_records_is_one_statement_with_the_same_rules(pool: PgPool) {
+    let job = create_job(&pool, &plan(1, 5), "wav", 0)
+        .await
+        .expect("create");
+    let group = [packed(3, "p/a", 0), packed(1, "p/a", 44_144), rec(2, "w1")];
+    let out = record_segments(&pool, job, &group).await.expect("record");
+    assert_eq!((out.newly_done, out.job_complete), (3, false));
+    assert_eq!(counters(&pool, job).await, (JobState::Running, 3, 3.0));
+    let finished = finished_segments(&pool, job).await.expect("finished");
+    assert_eq!(
+        finished,
+        [group[1].clone(), group[2].clone(), group[0].clone()]
+    );
+
+    // Overlapping a recorded group: only the new ones count; the first pack stays.
+    let again = [packed(1, "p/b", 0), packed(4, "p/b", 44_144)];
+    let out = record_segments(&pool, job, &again).await.expect("again");
+    assert_eq!((out.newly_done, out.job_complete), (1, false));
+    let finished = finished_segments(&pool, job).await.expect("finished");
+    assert_eq!(
+        finished[0].packed.as_ref().map(|p| p.key.as_str()),
+        Some("p/a")
+    );
+    assert_eq!(
+        finished[3].packed.as_ref().map(|p| p.key.as_str()),
+        Some("p/b")
+    );
+
+    // An index the job lacks refuses the whole group: segment 0 stays pending.
+    let bad = record_segments(&pool, job, &[rec(0, "w1"), rec(9, "w1")]).await;
+    assert!(
+        matches!(bad, Err(DbError::SegmentNotFound { index: 9, .. })),
+        "{bad:?}"
+    );
+    assert_eq!(counters(&pool, job).await, (JobState::Running, 4, 4.0));
+
+    // The last one completes the job, and a redelivered group still says so.
+    let out = record_segments(&pool, job, &[rec(0, "w1"), rec(2, "w2")])
+        .await
+        .expect("last");
+    assert_eq!((out.newly_done, out.job_complete), (1, true));
+    let out = record_segments(&pool, job, &[rec(0, "w1")])
+        .await
+        .expect("redelivered");
+    assert_eq!((out.newly_done, out.job_complete), (0, true));
+    assert_eq!(counters(&pool, job).await.1, 5);
+
+    // A pack place the schema cannot hold is refused.
+    let job2 = create_job(&pool, &plan(1, 1), "wav", 0)
+        .await
+        .expect("create");
+    let mut empty = packed(0, "p/c", 0);
+    empty.packed.as_mut().expect("packed").len = 0;
+    assert!(record_segments(&pool, job2, &[empty]).await.is_err());
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn overlapping_groups_recorded_at_once_count_each_segment_once(pool: PgPool) {
+    let job = create_job(&pool, &plan(1, 40), "wav", 0)
+        .await
+        .expect("create");
+    // Eight workers record overlapping windows, some in reverse order.
+    let tasks: Vec<_> = (0..8u32)
+        .map(|w| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut group: Vec<_> = (w * 4..w * 4 + 10)
+                    .map(|i| rec(i, &format!("w{w}")))
+                    .collect();
+                if w % 2 == 1 {
+                    group.reverse();
+                }
+                record_segments(&pool, job, &group)
+                    .await
+                    .expect("record")
+                    .newly_done
+            })
+        })
+        .collect();
+    let mut newly = 0;
+    for t in tasks {
+        newly += t.await.expect("join");
+    }
+    assert_eq!(newly, 38, "segments 0..38 once each");
+    assert_eq!(counters(&pool, job).await, (JobState::Running, 38, 38.0));
 }
 
 #[sqlx::test(migrator = "narrator_db::MIGRATOR")]

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 pub use limit::{MemoryLimit, Paced};
 pub use null::NullBackend;
-pub use piper::{PiperEngine, SessionOptions};
+pub use piper::{ArenaPolicy, CpuArena, PiperEngine, SessionOptions};
 pub use pool::{EnginePool, PoolOptions};
 pub use runtime::{Runtime, load_runtime};
 pub use voice::{Scales, Voice, VoiceConfig, list_voices};

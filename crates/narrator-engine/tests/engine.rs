@@ -2,7 +2,10 @@
 
 use std::path::PathBuf;
 
-use narrator_engine::{Backend, Device, PiperEngine, Scales, SessionOptions, Voice, load_runtime};
+use narrator_engine::{
+    ArenaPolicy, Backend, CpuArena, Device, PiperEngine, Scales, SessionOptions, Voice,
+    load_runtime,
+};
 
 fn deps() -> PathBuf {
     let d = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.deps"));
@@ -38,6 +41,7 @@ fn engine() -> (Voice, PiperEngine) {
         device: Device::Cpu,
         gpu_mem_limit: None,
         spin: true,
+        cpu_arena: ArenaPolicy::new(CpuArena::default()),
     };
     let engine = PiperEngine::load(rt, &voice.model_path, &opts).expect("session");
     (voice, engine)

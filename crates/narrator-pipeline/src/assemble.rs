@@ -17,10 +17,12 @@ use narrator_core::{
     AudioStore, BookEntry, ChapterEntry, JobPlan, Manifest, SegmentEntry, SegmentRecord,
 };
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use narrator_core::{SeamError, SegmentAudio};
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
+use narrator_core::{PackedAt, SeamError, SegmentAudio};
 use tokio::task::JoinHandle;
 
 use crate::PipelineError;
@@ -139,36 +141,97 @@ fn encoder(path: &Path, spec: &EncoderSpec) -> Result<Box<dyn AudioSink + Send>,
 /// Segment reads in flight during assembly.
 const READ_AHEAD: usize = 64;
 
+/// A pack being fetched once for all of its segments.
+type PackFetch = Shared<BoxFuture<'static, Result<Arc<Vec<u8>>, Arc<SeamError>>>>;
+
 /// Segment audio in index order, fetched by up to [`READ_AHEAD`] tasks ahead of the
 /// reader: a networked store's latency overlaps the encoding instead of adding up, and
-/// the fetches progress while the encoders run.
+/// the fetches progress while the encoders run. A pack (several segments in one object)
+/// is fetched once, by its first segment, and kept until its last segment is taken.
 struct ReadAhead<A> {
     store: Arc<A>,
     job: String,
     next_to_fetch: u32,
     total: u32,
+    /// Where each segment is, by index (`None`: under its own key).
+    places: Vec<Option<PackedAt>>,
+    /// Packs fetched or being fetched, with how many of their segments are still to come.
+    packs: HashMap<String, (PackFetch, usize)>,
+    /// Segments per pack.
+    per_pack: HashMap<String, usize>,
     pending: VecDeque<JoinHandle<Result<SegmentAudio, SeamError>>>,
 }
 
 impl<A: AudioStore + 'static> ReadAhead<A> {
-    fn new(store: Arc<A>, job: String, total: usize) -> Self {
+    fn new(store: Arc<A>, job: String, records: &[SegmentRecord], total: usize) -> Self {
+        let mut places = vec![None; total];
+        let mut per_pack = HashMap::new();
+        for r in records {
+            if let (Some(slot), Some(at)) = (places.get_mut(r.index as usize), &r.packed) {
+                *per_pack.entry(at.key.clone()).or_insert(0) += 1;
+                *slot = Some(at.clone());
+            }
+        }
         let mut r = Self {
             store,
             job,
             next_to_fetch: 0,
             total: u32::try_from(total).unwrap_or(u32::MAX),
+            places,
+            packs: HashMap::new(),
+            per_pack,
             pending: VecDeque::with_capacity(READ_AHEAD),
         };
         r.fill();
         r
     }
 
+    /// The shared fetch of `key`, started by the first segment that needs it.
+    fn pack(&mut self, key: &str) -> PackFetch {
+        if let Some((fetch, left)) = self.packs.get_mut(key) {
+            let fetch = fetch.clone();
+            *left -= 1;
+            if *left == 0 {
+                self.packs.remove(key);
+            }
+            return fetch;
+        }
+        let (store, job, k) = (self.store.clone(), self.job.clone(), key.to_owned());
+        let fetch = async move {
+            store
+                .get_pack(&job, &k)
+                .await
+                .map(Arc::new)
+                .map_err(Arc::new)
+        }
+        .boxed()
+        .shared();
+        let left = self.per_pack.get(key).copied().unwrap_or(1);
+        if left > 1 {
+            self.packs.insert(key.to_owned(), (fetch.clone(), left - 1));
+        }
+        fetch
+    }
+
     fn fill(&mut self) {
         while self.pending.len() < READ_AHEAD && self.next_to_fetch < self.total {
-            let (store, job, i) = (self.store.clone(), self.job.clone(), self.next_to_fetch);
-            self.pending.push_back(tokio::spawn(
-                async move { store.get_segment(&job, i).await },
-            ));
+            let i = self.next_to_fetch;
+            let task = match self.places[i as usize].clone() {
+                None => {
+                    let (store, job) = (self.store.clone(), self.job.clone());
+                    tokio::spawn(async move { store.get_segment(&job, i).await })
+                }
+                Some(at) => {
+                    let fetch = self.pack(&at.key);
+                    tokio::spawn(async move {
+                        let pack = fetch
+                            .await
+                            .map_err(|e| SeamError::msg(e.kind, e.message.clone()))?;
+                        segment_in_pack(&pack, &at, i)
+                    })
+                }
+            };
+            self.pending.push_back(task);
             self.next_to_fetch += 1;
         }
     }
@@ -184,6 +247,38 @@ impl<A: AudioStore + 'static> ReadAhead<A> {
         self.fill();
         Ok(audio)
     }
+}
+
+/// Segment `index`'s audio: the WAV at `at` within `pack`.
+fn segment_in_pack(pack: &[u8], at: &PackedAt, index: u32) -> Result<SegmentAudio, SeamError> {
+    let range = usize::try_from(at.offset)
+        .ok()
+        .zip(usize::try_from(at.offset.saturating_add(at.len)).ok())
+        .filter(|&(_, end)| end <= pack.len());
+    let Some((start, end)) = range else {
+        return Err(SeamError::msg(
+            "store_corrupt",
+            format!(
+                "segment {index}: pack {:?} has {} bytes, the record says {}..{}; store the job again",
+                at.key,
+                pack.len(),
+                at.offset,
+                at.offset.saturating_add(at.len)
+            ),
+        ));
+    };
+    let (sample_rate, samples) =
+        narrator_audio::decode_wav_bytes(&pack[start..end]).map_err(|e| {
+            SeamError::new(
+                "store_corrupt",
+                format!("segment {index} in pack {:?}: {e}", at.key),
+                e,
+            )
+        })?;
+    Ok(SegmentAudio {
+        sample_rate,
+        samples,
+    })
 }
 
 impl<A> Drop for ReadAhead<A> {
@@ -228,8 +323,12 @@ pub async fn assemble<A: AudioStore + 'static>(
     let mut book = encoder(&book_path, &book_spec)?;
     // Segments are read in order with a few fetches ahead: a networked store's latency
     // overlaps the encoding instead of adding up (memory: READ_AHEAD segments).
-    let mut audio_in_order =
-        ReadAhead::new(store.clone(), plan.job_id.clone(), plan.segments.len());
+    let mut audio_in_order = ReadAhead::new(
+        store.clone(),
+        plan.job_id.clone(),
+        records,
+        plan.segments.len(),
+    );
 
     for (ci, (ch, cl)) in plan.chapters.iter().zip(&lay.chapters).enumerate() {
         if ci > 0 {
@@ -375,6 +474,7 @@ mod tests {
             attempts: 1,
             worker: "w".into(),
             phoneme_ids: 1,
+            packed: None,
         }
     }
 

@@ -13,6 +13,7 @@ pub mod assemble;
 pub mod batcher;
 pub mod bench;
 pub mod calibrate;
+mod flush;
 pub mod local;
 pub mod plan;
 pub mod queue;
@@ -28,7 +29,7 @@ pub use calibrate::{CalibrateOptions, calibrate, warm_up};
 pub use local::{JournalStateStore, LocalAudioStore};
 pub use plan::{AudioIdentity, plan_job};
 pub use queue::InProcessQueue;
-pub use runner::{Event, RunOptions, Stages, synthesize_job, work};
+pub use runner::{Event, PACK_MAX, RunOptions, Stages, synthesize_job, work};
 pub use synth::{EngineStats, Fallback, Fault, Prepared, Synthesizer, engine_runs};
 
 /// What can stop a job.

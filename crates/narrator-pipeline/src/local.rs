@@ -149,6 +149,7 @@ mod tests {
             attempts: 1,
             worker: "w".into(),
             phoneme_ids: 3,
+            packed: None,
         }
     }
 

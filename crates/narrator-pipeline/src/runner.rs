@@ -24,6 +24,7 @@ use tokio::task::JoinSet;
 
 use crate::PipelineError;
 use crate::batcher::Batcher;
+use crate::flush::{Storer, ToStore};
 use crate::queue::InProcessQueue;
 use crate::synth::{Prepared, Synthesizer};
 
@@ -69,7 +70,13 @@ pub struct RunOptions {
     /// abandoned jobs before it reaches the engine ([`SegmentQueue::abandoned_jobs`]);
     /// fresher batches were checked when delivered.
     pub recheck_after: std::time::Duration,
+    /// Most segments of one job stored together (one pack object, one database
+    /// statement); 1 stores and records each segment on its own.
+    pub pack_max: usize,
 }
+
+/// Default for [`RunOptions::pack_max`].
+pub const PACK_MAX: usize = 64;
 
 impl RunOptions {
     /// Embedded defaults: stop at the first failure, no stop signal.
@@ -80,6 +87,7 @@ impl RunOptions {
             isolate_failures: false,
             stop: None,
             recheck_after: std::time::Duration::ZERO,
+            pack_max: PACK_MAX,
         }
     }
 }
@@ -93,8 +101,9 @@ pub async fn pending_segments<A: AudioStore, S: StateStore>(
     let mut finished = Vec::new();
     let mut done = BTreeSet::new();
     for r in state.finished_segments(&plan.job_id).await? {
+        // A packed segment's record is written only after its pack is stored.
         if (r.index as usize) < plan.segments.len()
-            && store.has_segment(&plan.job_id, r.index).await?
+            && (r.packed.is_some() || store.has_segment(&plan.job_id, r.index).await?)
         {
             done.insert(r.index);
             finished.push(r);
@@ -191,7 +200,7 @@ async fn run_batch<Q, A, S>(
     engine_slot: tokio::sync::OwnedSemaphorePermit,
     stages: &Stages<A, S>,
     queue: &Q,
-    worker: &str,
+    storer: &Storer,
     isolate: bool,
 ) -> Result<Vec<SegmentRecord>, PipelineError>
 where
@@ -242,26 +251,35 @@ where
     // The engine is free for the next batch while this one is stored (the number of
     // batches being stored is bounded by the queue's prefetch).
     drop(engine_slot);
-    // Store and record every segment of the batch at once (the network round trips
-    // overlap), then settle each in order.
-    let stored = futures_util::future::join_all(done.iter().map(|(result, d)| {
-        let at = (d.job_id.as_str(), d.attempt, d.enqueued_at_ms);
-        let synthesized = result.as_ref().ok();
-        async move {
-            match synthesized {
-                Some(s) => store_one(s, at, stages, worker, started_ms).await,
-                None => Err(PipelineError::Internal("synthesis failed")),
+    // The store stage writes the batch's segments with whatever else is waiting (one
+    // pack and one database statement per job), then each delivery is settled in order.
+    let mut to_store = Vec::new();
+    let mut settle = Vec::with_capacity(done.len());
+    for (result, d) in done {
+        match result {
+            Ok(synthesized) => {
+                to_store.push(ToStore {
+                    job: d.job_id.clone(),
+                    synthesized,
+                    attempt: d.attempt,
+                    enqueued_at_ms: d.enqueued_at_ms,
+                    started_ms,
+                });
+                settle.push((None, d));
             }
+            Err(e) => settle.push((Some(e), d)),
         }
-    }))
-    .await;
-    let mut records = Vec::with_capacity(done.len());
-    for ((result, d), stored) in done.into_iter().zip(stored) {
-        let stored = match result {
-            Ok(_) => stored,
-            Err(e) => Err(e),
+    }
+    let mut stored = storer.store(to_store).await.into_iter();
+    let mut records = Vec::with_capacity(settle.len());
+    for (failed, d) in settle {
+        let outcome = match failed {
+            Some(e) => Err(e),
+            None => stored
+                .next()
+                .unwrap_or(Err(PipelineError::Internal("segment not written"))),
         };
-        match stored {
+        match outcome {
             Ok(record) => {
                 queue.ack(d.ticket).await?;
                 (stages.on_event)(Event::SegmentDone {
@@ -280,35 +298,6 @@ where
         }
     }
     Ok(records)
-}
-
-async fn store_one<A: AudioStore, S: StateStore>(
-    s: &crate::synth::Synthesized,
-    (job_id, attempt, enqueued_at_ms): (&str, u32, Option<u64>),
-    stages: &Stages<A, S>,
-    worker: &str,
-    started_ms: u64,
-) -> Result<SegmentRecord, PipelineError> {
-    let index = s.prepared.segment.index;
-    stages.store.put_segment(job_id, index, &s.audio).await?;
-    let queue_wait_seconds = match enqueued_at_ms {
-        Some(at) => started_ms.saturating_sub(at) as f64 / 1000.0,
-        None => s.queue_wait_seconds,
-    };
-    let record = SegmentRecord {
-        index,
-        samples: s.audio.samples.len() as u64,
-        sample_rate: s.audio.sample_rate,
-        audio_seconds: s.audio.seconds(),
-        inference_seconds: s.inference_seconds,
-        queue_wait_seconds,
-        batch_size: s.batch_size,
-        attempts: attempt,
-        worker: worker.to_string(),
-        phoneme_ids: s.prepared.total_ids() as u32,
-    };
-    stages.state.record_segment(job_id, &record).await?;
-    Ok(record)
 }
 
 /// Takes one prepared item from the phonemizing task: into the batcher, or (a segment
@@ -381,6 +370,7 @@ where
     });
 
     let slots = Arc::new(Semaphore::new(opts.in_flight.max(1)));
+    let storer = Storer::spawn(stages.clone(), opts.worker.clone(), opts.pack_max);
     let mut tasks: JoinSet<Result<Vec<SegmentRecord>, PipelineError>> = JoinSet::new();
     let isolate = opts.isolate_failures;
     let mut stop = opts.stop.clone();
@@ -498,9 +488,9 @@ where
         }
         let stages = stages.clone();
         let queue = queue.clone();
-        let worker = opts.worker.clone();
+        let storer = storer.clone();
         tasks.spawn(
-            async move { run_batch(batch, permit, &stages, &*queue, &worker, isolate).await },
+            async move { run_batch(batch, permit, &stages, &*queue, &storer, isolate).await },
         );
         // Reap finished batches as we go so an error stops the job early.
         while let Some(done) = tasks.try_join_next() {

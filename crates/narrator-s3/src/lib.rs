@@ -26,7 +26,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{
     BucketLocationConstraint, CompletedMultipartUpload, CompletedPart, CreateBucketConfiguration,
 };
-use narrator_core::{AudioStore, SeamError, SegmentAudio};
+use narrator_core::{AudioStore, PackedAt, SeamError, SegmentAudio};
 use tokio::io::AsyncReadExt;
 
 const MIB: u64 = 1024 * 1024;
@@ -59,6 +59,10 @@ pub struct S3Config {
     pub multipart_threshold: u64,
     /// Multipart part size in bytes (default 8 MiB, at least 5 MiB).
     pub part_size: u64,
+    /// Sign upload bodies with SHA-256 (SigV4 signed payload). `false` (default): bodies
+    /// are sent as `UNSIGNED-PAYLOAD` and integrity rests on the SDK's CRC32 checksum and
+    /// TLS, which spares hashing every byte twice (client and server).
+    pub sign_payload: bool,
 }
 
 impl Default for S3Config {
@@ -72,6 +76,7 @@ impl Default for S3Config {
             prefix: String::new(),
             multipart_threshold: 16 * MIB,
             part_size: 8 * MIB,
+            sign_payload: false,
         }
     }
 }
@@ -90,6 +95,7 @@ impl fmt::Debug for S3Config {
             .field("prefix", &self.prefix)
             .field("multipart_threshold", &self.multipart_threshold)
             .field("part_size", &self.part_size)
+            .field("sign_payload", &self.sign_payload)
             .finish()
     }
 }
@@ -215,6 +221,7 @@ pub struct S3AudioStore {
     endpoint: String,
     multipart_threshold: u64,
     part_size: u64,
+    sign_payload: bool,
 }
 
 impl fmt::Debug for S3AudioStore {
@@ -332,6 +339,7 @@ impl S3AudioStore {
             endpoint,
             multipart_threshold: cfg.multipart_threshold,
             part_size: cfg.part_size,
+            sign_payload: cfg.sign_payload,
         })
     }
 
@@ -389,6 +397,17 @@ impl S3AudioStore {
         format!("{}jobs/{job}/segments/{index:06}.wav", self.prefix)
     }
 
+    /// `{prefix}jobs/{job}/packs/{first:06}-{count}-{nonce}.wavs`: several segments' WAVs
+    /// back to back. The nonce keeps two workers that stored the same segments (after a
+    /// redelivery) from replacing each other's pack; the database points at one of them.
+    pub fn pack_key(&self, job: &str, first: u32, count: usize) -> String {
+        format!(
+            "{}jobs/{job}/packs/{first:06}-{count}-{}.wavs",
+            self.prefix,
+            uuid::Uuid::new_v4().simple()
+        )
+    }
+
     /// `{prefix}jobs/{job}/out/{name}`
     pub fn output_key(&self, job: &str, name: &str) -> String {
         format!("{}jobs/{job}/out/{name}", self.prefix)
@@ -436,15 +455,19 @@ impl S3AudioStore {
         body: Vec<u8>,
         content_type: &str,
     ) -> Result<(), S3Error> {
-        self.client
+        let put = self
+            .client
             .put_object()
             .bucket(&self.bucket)
             .key(key)
             .content_type(content_type)
-            .body(ByteStream::from(body))
-            .send()
-            .await
-            .map_err(|e| self.classify("put_object", key, e))?;
+            .body(ByteStream::from(body));
+        let sent = if self.sign_payload {
+            put.send().await
+        } else {
+            put.customize().disable_payload_signing().send().await
+        };
+        sent.map_err(|e| self.classify("put_object", key, e))?;
         Ok(())
     }
 
@@ -563,16 +586,20 @@ impl S3AudioStore {
             }
             buf.truncate(filled);
             let last = filled < part_len;
-            let out = self
+            let part = self
                 .client
                 .upload_part()
                 .bucket(&self.bucket)
                 .key(key)
                 .upload_id(upload_id)
                 .part_number(part_number)
-                .body(ByteStream::from(buf))
-                .send()
-                .await
+                .body(ByteStream::from(buf));
+            let sent = if self.sign_payload {
+                part.send().await
+            } else {
+                part.customize().disable_payload_signing().send().await
+            };
+            let out = sent
                 .map_err(|e| self.classify("upload_part", &format!("{key} #{part_number}"), e))?;
             parts.push(
                 CompletedPart::builder()
@@ -678,6 +705,47 @@ impl AudioStore for S3AudioStore {
 
     async fn put_output(&self, job: &str, name: &str, file: &Path) -> Result<(), SeamError> {
         Ok(self.put_file(&self.output_key(job, name), file).await?)
+    }
+
+    /// One segment: under its own key. Several: one pack object, one PUT.
+    async fn put_segments(
+        &self,
+        job: &str,
+        items: &[(u32, &SegmentAudio)],
+    ) -> Result<Vec<Option<PackedAt>>, SeamError> {
+        match items {
+            [] => return Ok(Vec::new()),
+            [(index, audio)] => {
+                self.put_segment(job, *index, audio).await?;
+                return Ok(vec![None]);
+            }
+            _ => {}
+        }
+        let first = items.iter().map(|(i, _)| *i).min().unwrap_or(0);
+        let key = self.pack_key(job, first, items.len());
+        let mut body = Vec::new();
+        let mut places = Vec::with_capacity(items.len());
+        for (_, audio) in items {
+            let wav = narrator_audio::encode_wav_bytes(audio.sample_rate, &audio.samples).map_err(
+                |source| S3Error::Audio {
+                    key: key.clone(),
+                    source,
+                },
+            )?;
+            places.push(Some(PackedAt {
+                key: key.clone(),
+                offset: body.len() as u64,
+                len: wav.len() as u64,
+            }));
+            body.extend_from_slice(&wav);
+        }
+        self.put_bytes(&key, body, "application/octet-stream")
+            .await?;
+        Ok(places)
+    }
+
+    async fn get_pack(&self, _job: &str, key: &str) -> Result<Vec<u8>, SeamError> {
+        Ok(self.get_bytes(key).await?)
     }
 }
 

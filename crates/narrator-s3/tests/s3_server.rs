@@ -91,6 +91,51 @@ async fn segments_round_trip_and_has_segment_flips() {
 }
 
 #[tokio::test]
+async fn several_segments_go_into_one_pack_object() {
+    let store = S3AudioStore::connect(config()).await.unwrap();
+    let job = job();
+    let clips: Vec<SegmentAudio> = (1..=3)
+        .map(|n| SegmentAudio {
+            sample_rate: 22050,
+            samples: (0..n * 1000).map(|i| (i * n) as i16).collect(),
+        })
+        .collect();
+    let items: Vec<(u32, &SegmentAudio)> = vec![(12, &clips[0]), (10, &clips[1]), (11, &clips[2])];
+    let places = store.put_segments(&job, &items).await.unwrap();
+    assert_eq!(places.len(), 3);
+    let key = places[0].as_ref().unwrap().key.clone();
+    assert!(
+        key.contains(&format!("jobs/{job}/packs/000010-3-")),
+        "{key}"
+    );
+    let pack = store.get_pack(&job, &key).await.unwrap();
+    let mut end = 0;
+    for ((_, audio), place) in items.iter().zip(&places) {
+        let at = place.as_ref().unwrap();
+        assert_eq!(at.key, key, "one object for the group");
+        assert_eq!(at.offset, end, "back to back");
+        end = at.offset + at.len;
+        let wav = &pack[at.offset as usize..end as usize];
+        let (rate, samples) = narrator_audio::decode_wav_bytes(wav).unwrap();
+        assert_eq!((rate, &samples), (audio.sample_rate, &audio.samples));
+    }
+    assert_eq!(end, pack.len() as u64);
+    // Not under the segments' own keys.
+    assert!(!store.has_segment(&job, 10).await.unwrap());
+    // The same segments stored again (a redelivery) get a pack of their own.
+    let again = store.put_segments(&job, &items).await.unwrap();
+    assert_ne!(again[0].as_ref().unwrap().key, key);
+    // One segment alone is stored under its own key.
+    let one = store.put_segments(&job, &[(4, &clips[0])]).await.unwrap();
+    assert_eq!(one, [None]);
+    assert_eq!(store.get_segment(&job, 4).await.unwrap(), clips[0]);
+    // A missing pack is a store_io error that names it.
+    let err = store.get_pack(&job, "nope/pack.wavs").await.unwrap_err();
+    assert_eq!(err.kind, "store_io");
+    assert!(err.message.contains("nope/pack.wavs"), "{}", err.message);
+}
+
+#[tokio::test]
 async fn small_output_is_one_put() {
     let store = S3AudioStore::connect(config()).await.unwrap();
     let job = job();

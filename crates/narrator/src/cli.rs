@@ -65,6 +65,13 @@ pub(crate) struct EngineArgs {
     /// same machine (S3, Postgres, RabbitMQ); spinning is faster when inference is alone.
     #[arg(long, env = "NARRATOR_NO_SPIN")]
     pub(crate) no_spin: bool,
+    /// What ONNX Runtime's CPU memory arena does between runs: `bounded` (a worker's
+    /// arena keeps what calibration and warm-up grew it to; a larger run gives back what
+    /// it added, so RSS stays flat over a book), `keep` (ONNX Runtime's default: the arena
+    /// keeps its peak, which grows with the largest run seen), `shrink` (unused memory
+    /// goes back after every run; ~10 % slower on CPU) or `off` (no arena).
+    #[arg(long, env = "NARRATOR_CPU_ARENA", default_value = "bounded")]
+    pub(crate) cpu_arena: narrator_engine::CpuArena,
     /// Noise scale (default: the voice's). 0 makes output deterministic.
     #[arg(long)]
     pub(crate) noise_scale: Option<f32>,
@@ -219,6 +226,10 @@ pub(crate) struct ServiceArgs {
     /// Bucket for segment audio and outputs.
     #[arg(long, env = "NARRATOR_S3_BUCKET", default_value = "narrator")]
     pub(crate) s3_bucket: String,
+    /// Sign upload bodies with SHA-256 (SigV4 signed payload). Default: unsigned
+    /// payload, integrity from the CRC32 checksum the SDK adds and from TLS.
+    #[arg(long, env = "NARRATOR_S3_SIGN_PAYLOAD")]
+    pub(crate) s3_sign_payload: bool,
     /// S3 region.
     #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
     pub(crate) s3_region: String,
@@ -258,6 +269,11 @@ pub(crate) struct WorkerArgs {
     /// Name in the workers table and segment figures (default: HOST:PID).
     #[arg(long, env = "NARRATOR_WORKER_ID")]
     pub(crate) id: Option<String>,
+    /// Most segments of one job stored as one S3 object (a pack) and recorded in one
+    /// database statement: segments that finish while the previous group is written go
+    /// together. 1 stores every segment under its own key.
+    #[arg(long, env = "NARRATOR_PACK_MAX", default_value_t = narrator_pipeline::PACK_MAX, value_parser = clap::builder::TypedValueParser::map(clap::value_parser!(u16).range(1..=1024), usize::from))]
+    pub(crate) pack_max: usize,
     /// Republish segments the producer committed but never confirmed published after
     /// this many seconds (the outbox reconciler).
     #[arg(long, default_value_t = 30)]
@@ -286,6 +302,10 @@ pub(crate) struct StatusArgs {
     /// Refresh every 2 s until the job ends.
     #[arg(long)]
     pub(crate) watch: bool,
+    /// Wait until the job ends (one query every 100 ms), then print it once; exits 1
+    /// when it failed or was cancelled. For scripts: no polling loop of their own.
+    #[arg(long, conflicts_with = "watch")]
+    pub(crate) wait: bool,
     #[command(flatten)]
     pub(crate) services: ServiceArgs,
 }

@@ -1,9 +1,11 @@
 //! Wiring one voice to a synthesizer: runtime, sessions, phonemizer, batch plan.
 
 use anyhow::Context;
+use std::sync::Arc;
+
 use narrator_engine::{
-    Backend, Device, EnginePool, MemoryLimit, PiperEngine, PoolOptions, Scales, SessionOptions,
-    Voice, load_runtime,
+    ArenaPolicy, Backend, Device, EnginePool, MemoryLimit, PiperEngine, PoolOptions, Scales,
+    SessionOptions, Voice, load_runtime,
 };
 use narrator_hardware::{Calibration, DeviceSpec, HardwareProfile, Plan, PlanLimits};
 use narrator_phonemes::Phonemizer;
@@ -24,6 +26,8 @@ pub(crate) struct Loaded {
     pub(crate) profile: Option<HardwareProfile>,
     /// The ONNX Runtime version, when the library's name tells it.
     pub(crate) runtime: Option<String>,
+    /// The sessions' CPU arena policy: settle it once warmed up.
+    pub(crate) arena: Arc<ArenaPolicy>,
 }
 
 impl Loaded {
@@ -220,6 +224,7 @@ pub(crate) fn load(
 ) -> anyhow::Result<Loaded> {
     let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
     let rt = load_runtime(&paths.onnxruntime)?;
+    let arena = ArenaPolicy::new(args.cpu_arena);
     let profile = narrator_hardware::probe();
     let cores = profile.cpu.usable_cores.max(1);
     // The thread layout is measured on CPU unless a flag fixes it.
@@ -233,6 +238,7 @@ pub(crate) fn load(
         device,
         gpu_mem_limit: args.gpu_mem_limit_mib.map(|m| m << 20),
         spin: !args.no_spin,
+        cpu_arena: arena.clone(),
     };
     let pool = match test_memory_limit() {
         None => EnginePool::start(
@@ -286,6 +292,7 @@ pub(crate) fn load(
                     device: Device::Cpu,
                     gpu_mem_limit: None,
                     spin: !args.no_spin,
+                    cpu_arena: arena.clone(),
                 },
             },
         )
@@ -428,6 +435,7 @@ pub(crate) fn load(
             device: Device::Cpu,
             gpu_mem_limit: None,
             spin: !args.no_spin,
+            cpu_arena: arena.clone(),
         };
         synth = synth.with_fallback(Box::new(move || {
             let pool = EnginePool::start(
@@ -449,6 +457,7 @@ pub(crate) fn load(
         calibration,
         profile: Some(profile),
         runtime: Some(runtime).filter(|r| r != "unknown"),
+        arena,
     })
 }
 
@@ -522,6 +531,7 @@ pub(crate) fn load_null(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyho
         calibration: None,
         profile: None,
         runtime: None,
+        arena: ArenaPolicy::new(args.cpu_arena),
     })
 }
 

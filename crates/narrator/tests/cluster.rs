@@ -253,16 +253,7 @@ impl World {
     }
 
     fn manifest(&self, job: Uuid) -> serde_json::Value {
-        let st = self.status(job);
-        let key = st["outputs"]
-            .as_array()
-            .expect("outputs")
-            .iter()
-            .find(|o| o["kind"] == "manifest")
-            .expect("manifest output")["key"]
-            .as_str()
-            .expect("key")
-            .to_string();
+        let key = output_key(&self.status(job), "manifest");
         serde_json::from_slice(&self.s3_get(&key)).expect("manifest JSON")
     }
 
@@ -325,6 +316,19 @@ fn book_text(chapters: usize, sentences: usize, extra: Option<(usize, &str)>) ->
     s
 }
 
+/// The S3 key of a job's output of `kind` (book, manifest, ...), from its status JSON.
+fn output_key(status: &serde_json::Value, kind: &str) -> String {
+    status["outputs"]
+        .as_array()
+        .expect("outputs")
+        .iter()
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} output: {status}"))["key"]
+        .as_str()
+        .expect("key")
+        .to_string()
+}
+
 fn indices(manifest: &serde_json::Value) -> Vec<u64> {
     manifest["segments"]
         .as_array()
@@ -375,10 +379,7 @@ fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
     }
     let manifest = w.manifest(job);
     assert_eq!(indices(&manifest), (0..total).collect::<Vec<_>>());
-    let book_key = outputs.iter().find(|o| o["kind"] == "book").expect("book")["key"]
-        .as_str()
-        .expect("key")
-        .to_string();
+    let book_key = output_key(&st, "book");
     let (rate, samples) = narrator_audio::decode_wav_bytes(&w.s3_get(&book_key)).expect("wav");
     let seconds = samples.len() as f64 / f64::from(rate);
     let want = manifest["book"]["seconds"].as_f64().expect("seconds");
@@ -622,6 +623,8 @@ fn a_cancelled_job_gets_no_more_work() {
     assert_eq!(w.queue_ready(&queue), 0);
     let err = w.err(&["cancel", &job.to_string()]);
     assert!(err.contains("already ended"), "{err}");
+    let err = w.err(&["status", &job.to_string(), "--wait"]);
+    assert!(err.contains("ended cancelled"), "{err}");
 }
 
 #[test]
@@ -732,6 +735,61 @@ fn commands_fail_with_one_clear_line_and_never_print_secrets() {
         !err.contains("SuperSecret3") && err.contains("***"),
         "{err}"
     );
+}
+
+/// (segments recorded in a pack, distinct packs) of a job.
+fn packs(w: &World, job: Uuid) -> (i64, i64) {
+    w.rt.block_on(async {
+        sqlx::query_as(
+            "SELECT count(pack_key), count(DISTINCT pack_key) FROM segments WHERE job_id = $1",
+        )
+        .bind(job)
+        .fetch_one(&w.pool)
+        .await
+        .expect("packs")
+    })
+}
+
+#[test]
+fn segments_finished_together_are_stored_in_packs_and_assemble_exactly() {
+    let mut w = World::new();
+    let book = w.book("packs.md", &book_text(2, 60, None));
+    let worker = w.worker("packer", &["--engine", "null"], &[]);
+    let job = w.submit(&book, &["--format", "wav"]);
+    // `status --wait` returns once the job has ended, with its status.
+    let out = w.ok(&["status", &job.to_string(), "--wait", "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(st["state"], "done", "{st}");
+    let (packed, pack_count) = packs(&w, job);
+    assert!(
+        packed >= 2 && pack_count < packed,
+        "{packed} of 120 segments in {pack_count} packs: a fast worker stores groups"
+    );
+    // The book holds every segment's samples (the assembler checks each count).
+    let manifest = w.manifest(job);
+    assert_eq!(indices(&manifest), (0..120).collect::<Vec<_>>());
+    let book_key = output_key(&st, "book");
+    let (rate, samples) = narrator_audio::decode_wav_bytes(&w.s3_get(&book_key)).expect("wav");
+    let seconds = samples.len() as f64 / f64::from(rate);
+    let want = manifest["book"]["seconds"].as_f64().expect("seconds");
+    assert!((seconds - want).abs() < 0.01, "{seconds} vs {want}");
+    assert!(w.stop(worker, 15).success());
+
+    // --pack-max 1: every segment under its own key, as before packs.
+    let single = w.worker("single", &["--engine", "null", "--pack-max", "1"], &[]);
+    let book = w.book("single.md", &book_text(1, 30, None));
+    let job = w.submit(&book, &["--format", "wav"]);
+    w.ok(&["status", &job.to_string(), "--wait"]);
+    assert_eq!(packs(&w, job), (0, 0));
+    assert_eq!(indices(&w.manifest(job)), (0..30).collect::<Vec<_>>());
+    assert!(w.stop(single, 15).success());
+    let out = w
+        .cmd()
+        .args(["worker", "--pack-max", "0"])
+        .output()
+        .expect("spawn narrator");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--pack-max"), "{err}");
 }
 
 #[test]

@@ -84,6 +84,17 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
             None
         }
     };
+    if args.wait {
+        loop {
+            let Some(state) = narrator_db::job_state(&pool, job).await? else {
+                bail!("no job {job} in this database (see `narrator jobs`)");
+            };
+            if state.is_final() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     loop {
         let Some(st) = narrator_db::job_status(&pool, job).await? else {
             bail!("no job {job} in this database (see `narrator jobs`)");
@@ -100,6 +111,9 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
             println!("{}", status_json(&st, &outputs));
         } else {
             print_status(&st, &outputs);
+        }
+        if args.wait && st.summary.state != narrator_db::JobState::Done {
+            bail!("job {job} ended {}", st.summary.state.as_str());
         }
         if !args.watch || st.summary.state.is_final() {
             return Ok(());

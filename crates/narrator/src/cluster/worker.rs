@@ -174,6 +174,18 @@ impl StateStore for ClusterState {
         Ok(())
     }
 
+    async fn record_segments(&self, job: &str, records: &[SegmentRecord]) -> Result<(), SeamError> {
+        let id = Uuid::parse_str(job).map_err(|e| SeamError::new("input", e.to_string(), e))?;
+        let outcome = narrator_db::record_segments(&self.pool, id, records)
+            .await
+            .map_err(|e| SeamError::new(e.kind(), e.to_string(), e))?;
+        self.done.fetch_add(outcome.newly_done, Ordering::Relaxed);
+        if outcome.job_complete {
+            let _ = self.complete.send(id);
+        }
+        Ok(())
+    }
+
     async fn finished_segments(&self, job: &str) -> Result<Vec<SegmentRecord>, SeamError> {
         let id = Uuid::parse_str(job).map_err(|e| SeamError::new("input", e.to_string(), e))?;
         narrator_db::finished_segments(&self.pool, id)
@@ -566,7 +578,16 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
                 )
             })
             .with_context(|| format!("warming up voice {name} at the planned batch"))?;
-            tracing::info!(voice = %name, seconds = secs, "warm-up at the full budget done");
+            // The arena keeps what calibration and warm-up grew it to; a larger run
+            // gives back what it adds (`--cpu-arena bounded`), so RSS stays flat.
+            loaded.arena.settle();
+            tracing::info!(
+                voice = %name,
+                seconds = secs,
+                arena = ?loaded.arena.mode(),
+                arena_kept_tokens = loaded.arena.kept_tokens(),
+                "warm-up at the full budget done"
+            );
             loaded
         };
         let base = loaded.plan_json();
@@ -638,6 +659,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
             // Segments are checked in Postgres when delivered; only those that then
             // waited (a full device, a long max_wait) are checked again.
             recheck_after: Duration::from_secs(1),
+            pack_max: args.pack_max,
         };
         loops.spawn(async move {
             let result = work(queue.clone(), &stages, &opts).await;
