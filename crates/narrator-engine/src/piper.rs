@@ -353,3 +353,43 @@ impl Backend for PiperEngine {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bounded_arena_shrinks_only_after_runs_larger_than_the_warm_up() {
+        let p = ArenaPolicy::new(CpuArena::Bounded);
+        // Warm-up: nothing shrinks; the largest run is remembered.
+        assert!(!p.shrink_after(300));
+        assert!(!p.shrink_after(900));
+        assert!(!p.shrink_after(400));
+        assert_eq!(p.kept_tokens(), 900);
+        p.settle();
+        assert!(!p.shrink_after(900));
+        assert!(!p.shrink_after(10));
+        assert!(p.shrink_after(901));
+        // Settled: a larger run does not raise what is kept.
+        assert_eq!(p.kept_tokens(), 900);
+        for (mode, big) in [
+            (CpuArena::Keep, false),
+            (CpuArena::Off, false),
+            (CpuArena::Shrink, true),
+        ] {
+            let p = ArenaPolicy::new(mode);
+            assert_eq!(p.shrink_after(1), big, "{mode:?} before settling");
+            p.settle();
+            assert_eq!(p.shrink_after(1), big, "{mode:?} after settling");
+        }
+    }
+
+    #[test]
+    fn arena_modes_parse_and_unknown_ones_say_what_to_use() {
+        assert_eq!("Bounded".parse::<CpuArena>(), Ok(CpuArena::Bounded));
+        assert_eq!("off".parse::<CpuArena>(), Ok(CpuArena::Off));
+        assert_eq!(CpuArena::default(), CpuArena::Bounded);
+        let err = "big".parse::<CpuArena>().expect_err("unknown mode");
+        assert!(err.contains("bounded, keep, shrink or off"), "{err}");
+    }
+}

@@ -59,10 +59,6 @@ pub struct S3Config {
     pub multipart_threshold: u64,
     /// Multipart part size in bytes (default 8 MiB, at least 5 MiB).
     pub part_size: u64,
-    /// Sign upload bodies with SHA-256 (SigV4 signed payload). `false` (default): bodies
-    /// are sent as `UNSIGNED-PAYLOAD` and integrity rests on the SDK's CRC32 checksum and
-    /// TLS, which spares hashing every byte twice (client and server).
-    pub sign_payload: bool,
 }
 
 impl Default for S3Config {
@@ -76,7 +72,6 @@ impl Default for S3Config {
             prefix: String::new(),
             multipart_threshold: 16 * MIB,
             part_size: 8 * MIB,
-            sign_payload: false,
         }
     }
 }
@@ -95,7 +90,6 @@ impl fmt::Debug for S3Config {
             .field("prefix", &self.prefix)
             .field("multipart_threshold", &self.multipart_threshold)
             .field("part_size", &self.part_size)
-            .field("sign_payload", &self.sign_payload)
             .finish()
     }
 }
@@ -221,7 +215,6 @@ pub struct S3AudioStore {
     endpoint: String,
     multipart_threshold: u64,
     part_size: u64,
-    sign_payload: bool,
 }
 
 impl fmt::Debug for S3AudioStore {
@@ -339,7 +332,6 @@ impl S3AudioStore {
             endpoint,
             multipart_threshold: cfg.multipart_threshold,
             part_size: cfg.part_size,
-            sign_payload: cfg.sign_payload,
         })
     }
 
@@ -455,19 +447,15 @@ impl S3AudioStore {
         body: Vec<u8>,
         content_type: &str,
     ) -> Result<(), S3Error> {
-        let put = self
-            .client
+        self.client
             .put_object()
             .bucket(&self.bucket)
             .key(key)
             .content_type(content_type)
-            .body(ByteStream::from(body));
-        let sent = if self.sign_payload {
-            put.send().await
-        } else {
-            put.customize().disable_payload_signing().send().await
-        };
-        sent.map_err(|e| self.classify("put_object", key, e))?;
+            .body(ByteStream::from(body))
+            .send()
+            .await
+            .map_err(|e| self.classify("put_object", key, e))?;
         Ok(())
     }
 
@@ -586,20 +574,16 @@ impl S3AudioStore {
             }
             buf.truncate(filled);
             let last = filled < part_len;
-            let part = self
+            let out = self
                 .client
                 .upload_part()
                 .bucket(&self.bucket)
                 .key(key)
                 .upload_id(upload_id)
                 .part_number(part_number)
-                .body(ByteStream::from(buf));
-            let sent = if self.sign_payload {
-                part.send().await
-            } else {
-                part.customize().disable_payload_signing().send().await
-            };
-            let out = sent
+                .body(ByteStream::from(buf))
+                .send()
+                .await
                 .map_err(|e| self.classify("upload_part", &format!("{key} #{part_number}"), e))?;
             parts.push(
                 CompletedPart::builder()

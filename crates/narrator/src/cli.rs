@@ -226,10 +226,6 @@ pub(crate) struct ServiceArgs {
     /// Bucket for segment audio and outputs.
     #[arg(long, env = "NARRATOR_S3_BUCKET", default_value = "narrator")]
     pub(crate) s3_bucket: String,
-    /// Sign upload bodies with SHA-256 (SigV4 signed payload). Default: unsigned
-    /// payload, integrity from the CRC32 checksum the SDK adds and from TLS.
-    #[arg(long, env = "NARRATOR_S3_SIGN_PAYLOAD")]
-    pub(crate) s3_sign_payload: bool,
     /// S3 region.
     #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
     pub(crate) s3_region: String,

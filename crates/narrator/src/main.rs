@@ -102,7 +102,28 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// glibc raises its mmap threshold to the size of each large block freed (up to 32 MiB);
+/// from then on, blocks of a few MiB (segment audio, ONNX Runtime arena regions given
+/// back) come from the heap and stay with the process when freed, so a worker's RSS rises
+/// in steps over a book. Setting the threshold turns that adjustment off: blocks of
+/// 256 KiB and more are mapped and go back to the system when freed. A
+/// `MALLOC_MMAP_THRESHOLD_` in the environment is left to win.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn fix_malloc_mmap_threshold() {
+    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; no other thread runs yet.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+        }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn fix_malloc_mmap_threshold() {}
+
 fn main() -> std::process::ExitCode {
+    fix_malloc_mmap_threshold();
     let cli = Cli::parse();
     init_telemetry(&cli.global.log);
     let rt = match tokio::runtime::Builder::new_multi_thread()

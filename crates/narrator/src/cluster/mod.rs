@@ -39,7 +39,6 @@ pub(crate) fn s3_config(args: &ServiceArgs) -> S3Config {
         endpoint: args.s3_endpoint.clone(),
         bucket: args.s3_bucket.clone(),
         region: args.s3_region.clone(),
-        sign_payload: args.s3_sign_payload,
         ..S3Config::default()
     }
 }
