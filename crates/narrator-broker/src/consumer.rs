@@ -178,10 +178,28 @@ impl Consumer {
 
     /// The next decodable delivery; a malformed one is dead-lettered on the way.
     pub async fn next_delivery(&self) -> Result<Option<Delivery<Ticket>>, BrokerError> {
+        Ok(self.next_deliveries(1).await?.pop())
+    }
+
+    /// Waits for the next decodable delivery, then adds up to `max - 1` more that the
+    /// broker has already sent (no waiting for them), so the caller can handle a group at
+    /// once. Empty once the consumer has ended. Malformed messages are dead-lettered on
+    /// the way.
+    pub async fn next_deliveries(&self, max: usize) -> Result<Vec<Delivery<Ticket>>, BrokerError> {
         let mut stream = self.stream.lock().await;
-        loop {
-            match stream.next().await {
-                None => return Ok(None),
+        let mut out = Vec::new();
+        while out.len() < max.max(1) {
+            let item = if out.is_empty() {
+                stream.next().await
+            } else {
+                match futures_lite::future::poll_once(stream.next()).await {
+                    Some(item) => item,
+                    // Nothing more has arrived: hand over what is here.
+                    None => break,
+                }
+            };
+            match item {
+                None => break,
                 Some(Ok(d)) => {
                     let attempt = attempt_of(&d.properties);
                     let decoded = SegmentMessage::decode(&d.data);
@@ -192,15 +210,13 @@ impl Consumer {
                         attempt,
                     };
                     match decoded {
-                        Ok(m) => {
-                            return Ok(Some(Delivery {
-                                job_id: m.job_id,
-                                segment: m.segment,
-                                attempt,
-                                enqueued_at_ms: Some(m.enqueued_at_ms),
-                                ticket,
-                            }));
-                        }
+                        Ok(m) => out.push(Delivery {
+                            job_id: m.job_id,
+                            segment: m.segment,
+                            attempt,
+                            enqueued_at_ms: Some(m.enqueued_at_ms),
+                            ticket,
+                        }),
                         Err(e) => {
                             tracing::warn!(queue = %self.queue, error = %e, "dead-lettering a malformed message");
                             self.settle(ticket, decide(FailureKind::Malformed, attempt))
@@ -215,9 +231,15 @@ impl Consumer {
                         .await
                         .map_err(|e| BrokerError::amqp(format!("consume {}", self.queue), e))?;
                     self.reapply_qos().await?;
+                    if !out.is_empty() {
+                        // Deliveries taken before the interruption are handed over; their
+                        // acks fail on the old channel and the broker delivers them again.
+                        break;
+                    }
                 }
             }
         }
+        Ok(out)
     }
 
     /// Carries out a [`Decision`] (see [`decide`]). Retry: republish to the tier, then

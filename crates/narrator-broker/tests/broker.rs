@@ -176,6 +176,51 @@ async fn publishes_n_and_consumes_the_same_n() {
 }
 
 #[tokio::test]
+async fn deliveries_already_sent_are_handed_over_as_one_group() {
+    let f = Fixture::new("groups", TopologyConfig::default()).await;
+    f.publish(12).await;
+    let c = Consumer::start(&f.conn, &f.voice, 20)
+        .await
+        .expect("consumer");
+    // Let the broker push all twelve to the consumer.
+    let first = tokio::time::timeout(WAIT, c.next_deliveries(1))
+        .await
+        .expect("a delivery")
+        .expect("next");
+    assert_eq!(first.len(), 1, "max 1 hands over one");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let group = tokio::time::timeout(WAIT, c.next_deliveries(8))
+        .await
+        .expect("deliveries")
+        .expect("next");
+    assert_eq!(group.len(), 8, "eight were waiting: a full group of 8");
+    let rest = tokio::time::timeout(WAIT, c.next_deliveries(64))
+        .await
+        .expect("deliveries")
+        .expect("next");
+    assert_eq!(rest.len(), 3, "the three left, without waiting for more");
+    let got: Vec<u32> = first
+        .iter()
+        .chain(&group)
+        .chain(&rest)
+        .map(|d| d.segment.index)
+        .collect();
+    // One queue, one consumer: each once, in order.
+    assert_eq!(got, (0..12).collect::<Vec<_>>());
+    for d in first.into_iter().chain(group).chain(rest) {
+        c.ack(d.ticket).await.expect("ack");
+    }
+    // Nothing left: the next call waits (for the first delivery), it does not return empty.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), c.next_deliveries(8))
+            .await
+            .is_err()
+    );
+    assert_eq!(f.ready().await, 0);
+    f.finish().await;
+}
+
+#[tokio::test]
 async fn an_unroutable_publish_is_an_error() {
     let conn = connect().await;
     let publisher = Publisher::new(&conn).await.expect("publisher");

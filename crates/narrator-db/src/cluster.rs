@@ -39,32 +39,59 @@ pub enum SegmentCheck {
     Unknown,
 }
 
-/// One query per delivery: the job's state and the segment's.
+/// One delivery's check: [`check_segments`] for one.
 pub async fn check_segment(
     exec: impl PgExecutor<'_>,
     job: Uuid,
     index: u32,
 ) -> Result<SegmentCheck, DbError> {
-    let row = sqlx::query(
-        "SELECT j.state AS job_state, s.state AS seg_state FROM segments s \
-         JOIN jobs j ON j.id = s.job_id WHERE s.job_id = $1 AND s.idx = $2",
+    // The query returns one row per delivery asked about (LEFT JOINs).
+    let checks = check_segments(exec, &[(job, index)]).await?;
+    Ok(checks.into_iter().next().unwrap_or(SegmentCheck::Unknown))
+}
+
+/// One query for a group of deliveries: each one's job state and segment state, in the
+/// order given (a worker checks everything the broker has handed it at once, so the
+/// check costs one round trip per group, not per segment).
+pub async fn check_segments(
+    exec: impl PgExecutor<'_>,
+    deliveries: &[(Uuid, u32)],
+) -> Result<Vec<SegmentCheck>, DbError> {
+    if deliveries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let jobs: Vec<Uuid> = deliveries.iter().map(|d| d.0).collect();
+    let idx = deliveries
+        .iter()
+        .map(|d| int4("segment index", d.1))
+        .collect::<Result<Vec<i32>, DbError>>()?;
+    let rows = sqlx::query(
+        "SELECT i.n, j.state AS job_state, s.state AS seg_state \
+         FROM unnest($1::uuid[], $2::int4[]) WITH ORDINALITY AS i(job_id, idx, n) \
+         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
+         LEFT JOIN jobs j ON j.id = s.job_id ORDER BY i.n",
     )
-    .bind(job)
-    .bind(int4("segment index", index)?)
-    .fetch_optional(exec)
+    .bind(&jobs)
+    .bind(&idx)
+    .fetch_all(exec)
     .await?;
-    let Some(row) = row else {
-        return Ok(SegmentCheck::Unknown);
-    };
-    let job_state = JobState::parse(&row.try_get::<String, _>("job_state")?)?;
-    let seg: String = row.try_get("seg_state")?;
-    Ok(if seg == "done" {
-        SegmentCheck::AlreadyDone
-    } else if job_state.is_final() {
-        SegmentCheck::JobEnded(job_state)
-    } else {
-        SegmentCheck::Work
-    })
+    rows.iter()
+        .map(|row| {
+            let seg: Option<String> = row.try_get("seg_state")?;
+            let job: Option<String> = row.try_get("job_state")?;
+            let (Some(seg), Some(job)) = (seg, job) else {
+                return Ok(SegmentCheck::Unknown);
+            };
+            let job_state = JobState::parse(&job)?;
+            Ok(if seg == "done" {
+                SegmentCheck::AlreadyDone
+            } else if job_state.is_final() {
+                SegmentCheck::JobEnded(job_state)
+            } else {
+                SegmentCheck::Work
+            })
+        })
+        .collect()
 }
 
 /// Settings the producer chose that the assembler applies.

@@ -25,8 +25,8 @@ mod workers;
 pub use bench::{BenchRow, StoredBench, bench_table_exists, fleet_bench, record_bench};
 pub use cluster::{
     JobSettings, Output, RetryOutcome, SegmentCheck, StoredJob, abandoned_jobs, check_segment,
-    claim_assembly_for, fail_settled_jobs, finish_with_outputs, job_outputs, job_voice, load_job,
-    retry_job, set_settings, take_over_assemblies,
+    check_segments, claim_assembly_for, fail_settled_jobs, finish_with_outputs, job_outputs,
+    job_voice, load_job, retry_job, set_settings, take_over_assemblies,
 };
 pub use error::DbError;
 pub use jobs::{

@@ -486,6 +486,50 @@ async fn views_give_rtf_and_latency_from_timestamps(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn a_group_of_deliveries_is_checked_in_one_query_in_order(pool: PgPool) {
+    use narrator_db::{SegmentCheck, check_segment, check_segments};
+    let live = create_job(&pool, &plan(1, 3), "wav", 0)
+        .await
+        .expect("create");
+    let cancelled = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    record_segment(&pool, live, &rec(0, "w"))
+        .await
+        .expect("record");
+    assert!(cancel_job(&pool, cancelled).await.expect("cancel"));
+    let nobody = narrator_db::Uuid::new_v4();
+    let asked = [
+        (live, 1),
+        (live, 0),
+        (cancelled, 1),
+        (live, 99),
+        (nobody, 0),
+        (live, 1),
+        (live, 2),
+    ];
+    let checks = check_segments(&pool, &asked).await.expect("check");
+    assert_eq!(
+        checks,
+        [
+            SegmentCheck::Work,
+            SegmentCheck::AlreadyDone,
+            SegmentCheck::JobEnded(JobState::Cancelled),
+            SegmentCheck::Unknown,
+            SegmentCheck::Unknown,
+            SegmentCheck::Work,
+            SegmentCheck::Work,
+        ]
+    );
+    // One at a time says the same.
+    for (&(job, index), expected) in asked.iter().zip(&checks) {
+        let one = check_segment(&pool, job, index).await.expect("check one");
+        assert_eq!(&one, expected, "segment {index} of {job}");
+    }
+    assert!(check_segments(&pool, &[]).await.expect("none").is_empty());
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
 async fn cancel_and_fail_end_a_job_once(pool: PgPool) {
     let a = create_job(&pool, &plan(1, 2), "wav", 0)
         .await

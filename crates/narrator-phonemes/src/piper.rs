@@ -154,9 +154,8 @@ fn phonemize_espeak(
 
     espeak.set_voice(voice)?;
     let ipa = espeak.clauses(&c_text, PHONEMES_IPA | separator)?;
-    // Second pass from the same starting state for the linking glides; if espeak-ng cut
-    // the clauses differently (never seen), the glides are left out.
-    espeak.set_voice(voice)?;
+    // Second pass over the same text for the linking glides; if espeak-ng cut the clauses
+    // differently (never seen), the glides are left out.
     let ascii = espeak.clauses(&c_text, PHONEMES_ASCII | separator)?;
     let same_cuts = ipa.len() == ascii.len()
         && ipa

@@ -8,7 +8,7 @@
 //! manifest goes last, so its presence means everything it lists is complete.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use narrator_audio::{
     AudioFormat, AudioSink, ChapterMark, EncoderSpec, PauseKind, Pauses, create_encoder,
@@ -138,15 +138,21 @@ fn encoder(path: &Path, spec: &EncoderSpec) -> Result<Box<dyn AudioSink + Send>,
     Ok(create_encoder(spec, file)?)
 }
 
-/// Segment reads in flight during assembly.
+/// Segments always read ahead during assembly, whatever their size.
 const READ_AHEAD: usize = 64;
+/// More segments are read ahead while their stored bytes stay within this budget (an
+/// object store's first byte takes tens of milliseconds: small segments need many reads
+/// in flight to keep the encoders busy; large ones are bounded by memory).
+const READ_AHEAD_BYTES: u64 = 8 << 20;
+/// At most this many segments ahead, however small.
+const READ_AHEAD_MAX: usize = 1024;
 
 /// A pack being fetched once for all of its segments.
 type PackFetch = Shared<BoxFuture<'static, Result<Arc<Vec<u8>>, Arc<SeamError>>>>;
 
-/// Segment audio in index order, fetched by up to [`READ_AHEAD`] tasks ahead of the
-/// reader: a networked store's latency overlaps the encoding instead of adding up, and
-/// the fetches progress while the encoders run. A pack (several segments in one object)
+/// Segment audio in index order, fetched by tasks ahead of the reader ([`READ_AHEAD`],
+/// or more within [`READ_AHEAD_BYTES`]): a networked store's latency overlaps the
+/// encoding instead of adding up, and the fetches progress while the encoders run. A pack (several segments in one object)
 /// is fetched once, by its first segment, and kept until its last segment is taken.
 struct ReadAhead<A> {
     store: Arc<A>,
@@ -159,17 +165,28 @@ struct ReadAhead<A> {
     packs: HashMap<String, (PackFetch, usize)>,
     /// Segments per pack.
     per_pack: HashMap<String, usize>,
-    pending: VecDeque<JoinHandle<Result<SegmentAudio, SeamError>>>,
+    /// Stored bytes of each segment, by index (from its record).
+    sizes: Vec<u64>,
+    /// Stored bytes of the segments in `pending`.
+    bytes_ahead: u64,
+    pending: VecDeque<(JoinHandle<Result<SegmentAudio, SeamError>>, u64)>,
 }
 
 impl<A: AudioStore + 'static> ReadAhead<A> {
     fn new(store: Arc<A>, job: String, records: &[SegmentRecord], total: usize) -> Self {
         let mut places = vec![None; total];
+        let mut sizes = vec![0; total];
         let mut per_pack = HashMap::new();
         for r in records {
-            if let (Some(slot), Some(at)) = (places.get_mut(r.index as usize), &r.packed) {
+            let Some(size) = sizes.get_mut(r.index as usize) else {
+                continue;
+            };
+            // A WAV of 16-bit samples, when the record does not say where it is.
+            *size = r.samples.saturating_mul(2).saturating_add(44);
+            if let Some(at) = &r.packed {
                 *per_pack.entry(at.key.clone()).or_insert(0) += 1;
-                *slot = Some(at.clone());
+                *size = at.len;
+                places[r.index as usize] = Some(at.clone());
             }
         }
         let mut r = Self {
@@ -180,6 +197,8 @@ impl<A: AudioStore + 'static> ReadAhead<A> {
             places,
             packs: HashMap::new(),
             per_pack,
+            sizes,
+            bytes_ahead: 0,
             pending: VecDeque::with_capacity(READ_AHEAD),
         };
         r.fill();
@@ -214,8 +233,14 @@ impl<A: AudioStore + 'static> ReadAhead<A> {
     }
 
     fn fill(&mut self) {
-        while self.pending.len() < READ_AHEAD && self.next_to_fetch < self.total {
+        while self.next_to_fetch < self.total && self.pending.len() < READ_AHEAD_MAX {
             let i = self.next_to_fetch;
+            let size = self.sizes.get(i as usize).copied().unwrap_or(0);
+            if self.pending.len() >= READ_AHEAD
+                && self.bytes_ahead.saturating_add(size) > READ_AHEAD_BYTES
+            {
+                break;
+            }
             let task = match self.places[i as usize].clone() {
                 None => {
                     let (store, job) = (self.store.clone(), self.job.clone());
@@ -231,16 +256,18 @@ impl<A: AudioStore + 'static> ReadAhead<A> {
                     })
                 }
             };
-            self.pending.push_back(task);
+            self.pending.push_back((task, size));
+            self.bytes_ahead += size;
             self.next_to_fetch += 1;
         }
     }
 
     async fn next(&mut self) -> Result<SegmentAudio, PipelineError> {
-        let handle = self
+        let (handle, size) = self
             .pending
             .pop_front()
             .ok_or(PipelineError::Internal("read past the last segment"))?;
+        self.bytes_ahead -= size;
         let audio = handle
             .await
             .map_err(|e| PipelineError::Task(e.to_string()))??;
@@ -283,7 +310,7 @@ fn segment_in_pack(pack: &[u8], at: &PackedAt, index: u32) -> Result<SegmentAudi
 
 impl<A> Drop for ReadAhead<A> {
     fn drop(&mut self) {
-        for h in &self.pending {
+        for (h, _) in &self.pending {
             h.abort();
         }
     }
@@ -322,7 +349,8 @@ pub async fn assemble<A: AudioStore + 'static>(
     let book_path = opts.staging.join(&lay.book_file);
     let mut book = encoder(&book_path, &book_spec)?;
     // Segments are read in order with a few fetches ahead: a networked store's latency
-    // overlaps the encoding instead of adding up (memory: READ_AHEAD segments).
+    // overlaps the encoding instead of adding up (memory: about READ_AHEAD_BYTES of stored audio).
+    let (mut read_wait, mut put_wait) = (Duration::ZERO, Duration::ZERO);
     let mut audio_in_order = ReadAhead::new(
         store.clone(),
         plan.job_id.clone(),
@@ -342,7 +370,9 @@ pub async fn assemble<A: AudioStore + 'static>(
         let first = ch.first_segment;
         let end = first + ch.segment_count;
         for i in first..end {
+            let waited = Instant::now();
             let audio = audio_in_order.next().await?;
+            read_wait += waited.elapsed();
             let expected = records.get(i as usize).map_or(0, |r| r.samples);
             if audio.samples.len() as u64 != expected {
                 return Err(PipelineError::Corrupt {
@@ -364,12 +394,23 @@ pub async fn assemble<A: AudioStore + 'static>(
             }
         }
         chapter.finish()?;
+        let putting = Instant::now();
         store.put_output(&plan.job_id, &cl.file, &path).await?;
+        put_wait += putting.elapsed();
     }
     book.finish()?;
+    let putting = Instant::now();
     store
         .put_output(&plan.job_id, &lay.book_file, &book_path)
         .await?;
+    put_wait += putting.elapsed();
+    tracing::debug!(
+        job = %plan.job_id,
+        seconds = started.elapsed().as_secs_f64(),
+        read_wait_s = read_wait.as_secs_f64(),
+        put_s = put_wait.as_secs_f64(),
+        "assembly: segments read and outputs encoded and stored"
+    );
 
     let audio_seconds = secs(lay.book_samples);
     let wall_seconds = wall_before + started.elapsed().as_secs_f64();
@@ -505,5 +546,83 @@ mod tests {
         assert_eq!(slug("  Hello, World!  ", 64), "hello-world");
         assert_eq!(slug("漢字", 64), "");
         assert!(slug(&"ab ".repeat(100), 10).len() <= 11);
+    }
+
+    /// A store whose reads take a while and that counts how many are in flight.
+    #[derive(Default)]
+    struct SlowStore {
+        in_flight: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        samples: u64,
+    }
+
+    impl AudioStore for SlowStore {
+        async fn put_segment(&self, _: &str, _: u32, _: &SegmentAudio) -> Result<(), SeamError> {
+            Ok(())
+        }
+        async fn get_segment(&self, _: &str, index: u32) -> Result<SegmentAudio, SeamError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            self.in_flight.fetch_sub(1, SeqCst);
+            Ok(SegmentAudio {
+                sample_rate: 1000,
+                // The index in the first sample, so the order can be checked.
+                samples: std::iter::once(index as i16)
+                    .chain(std::iter::repeat_n(0, self.samples as usize - 1))
+                    .collect(),
+            })
+        }
+        async fn has_segment(&self, _: &str, _: u32) -> Result<bool, SeamError> {
+            Ok(true)
+        }
+        async fn put_output(&self, _: &str, _: &str, _: &Path) -> Result<(), SeamError> {
+            Ok(())
+        }
+    }
+
+    /// Reads `n` segments of `samples` each through a [`ReadAhead`]; the most reads that
+    /// were in flight at once.
+    async fn read_all(n: u32, samples: u64) -> usize {
+        let store = Arc::new(SlowStore {
+            samples,
+            ..SlowStore::default()
+        });
+        let records: Vec<SegmentRecord> = (0..n).map(|i| rec(i, samples)).collect();
+        let mut reader = ReadAhead::new(store.clone(), "j".into(), &records, n as usize);
+        for i in 0..n {
+            let audio = reader.next().await.expect("segment");
+            assert_eq!(audio.samples[0], i as i16, "segments come back in order");
+            assert_eq!(audio.samples.len() as u64, samples);
+        }
+        assert!(
+            reader.next().await.is_err(),
+            "nothing past the last segment"
+        );
+        store.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn small_segments_are_read_far_ahead_and_large_ones_within_the_byte_budget() {
+        // Tiny segments: far more than READ_AHEAD reads in flight (an object store's
+        // latency would otherwise set the pace), but never more than READ_AHEAD_MAX.
+        let most = read_all(1500, 10).await;
+        assert!(
+            most > READ_AHEAD,
+            "only {most} reads in flight for tiny segments"
+        );
+        assert!(most <= READ_AHEAD_MAX, "{most} reads in flight");
+        // 64 KiB segments: the byte budget allows 128 of them ahead.
+        let per = 32 * 1024;
+        let most = read_all(400, per).await;
+        let budget = (READ_AHEAD_BYTES / (per * 2 + 44)) as usize;
+        assert!(
+            most <= budget.max(READ_AHEAD),
+            "{most} reads of 64 KiB in flight, budget {budget}"
+        );
+        // Large segments: READ_AHEAD of them, as before the budget.
+        let most = read_all(80, 1 << 19).await;
+        assert!(most <= READ_AHEAD, "{most} reads of 1 MiB in flight");
     }
 }

@@ -174,8 +174,10 @@ where
     Ok(finished)
 }
 
-/// Deliveries being phonemized at once.
+/// Phonemizing tasks at once.
 const PREP_AHEAD: usize = 4;
+/// Most deliveries phonemized by one task (those that arrived together).
+const PREP_CHUNK: usize = 16;
 
 type Ready<T> = (Prepared, Delivery<T>);
 
@@ -336,8 +338,10 @@ where
     let (pq, ps) = (queue.clone(), synth.clone());
     let isolate = opts.isolate_failures;
     let prep = tokio::spawn(async move {
-        // Pull deliveries in order and phonemize up to PREP_AHEAD of them at once, so the
-        // queue's round trips overlap phonemization.
+        // Pull deliveries in order; what has arrived together (up to PREP_CHUNK) is
+        // phonemized in one blocking task (espeak-ng runs one text at a time anyway, so
+        // this saves a thread hop per segment), and up to PREP_AHEAD such tasks overlap
+        // the queue's round trips.
         let deliveries = stream::unfold(pq, |q| async move {
             match q.next().await {
                 Ok(Some(d)) => Some((Ok(d), q)),
@@ -346,20 +350,37 @@ where
             }
         });
         let prepared = deliveries
-            .map(move |r| {
+            .ready_chunks(PREP_CHUNK)
+            .map(move |chunk| {
                 let ps = ps.clone();
                 async move {
-                    let d = r.map_err(|e| Failed::Fatal(e.into()))?;
-                    let seg = d.segment.clone();
-                    match tokio::task::spawn_blocking(move || ps.prepare(seg)).await {
-                        Ok(Ok(p)) => Ok((p, d)),
-                        Ok(Err(e)) if isolate => Err(Failed::Segment(d, e)),
-                        Ok(Err(e)) => Err(Failed::Fatal(e)),
-                        Err(e) => Err(Failed::Fatal(PipelineError::Task(e.to_string()))),
+                    let n = chunk.len();
+                    let prepare_all = move || {
+                        chunk
+                            .into_iter()
+                            .map(|r| {
+                                let d = r.map_err(|e| Failed::Fatal(e.into()))?;
+                                match ps.prepare(d.segment.clone()) {
+                                    Ok(p) => Ok((p, d)),
+                                    Err(e) if isolate => Err(Failed::Segment(d, e)),
+                                    Err(e) => Err(Failed::Fatal(e)),
+                                }
+                            })
+                            .collect::<Vec<_>>()
+                    };
+                    match tokio::task::spawn_blocking(prepare_all).await {
+                        Ok(items) => items,
+                        // The chunk's deliveries went down with the task: unacknowledged,
+                        // the queue hands them out again.
+                        Err(e) => {
+                            tracing::error!(deliveries = n, error = %e, "phonemizing task failed");
+                            vec![Err(Failed::Fatal(PipelineError::Task(e.to_string())))]
+                        }
                     }
                 }
             })
-            .buffered(PREP_AHEAD);
+            .buffered(PREP_AHEAD)
+            .flat_map(stream::iter);
         let mut prepared = std::pin::pin!(prepared);
         while let Some(item) = prepared.next().await {
             let stop = matches!(item, Err(Failed::Fatal(_)));

@@ -282,6 +282,10 @@ pub(crate) struct WorkerArgs {
     /// instantly: for control-plane benchmarks and tests).
     #[arg(long, default_value = "onnx", hide = true)]
     pub(crate) engine: String,
+    /// Null engine only: silence samples per phoneme id (default 384, this voice's pace;
+    /// a small value takes the audio bytes out of a control-plane benchmark).
+    #[arg(long, default_value_t = 384, value_parser = clap::value_parser!(u16).range(1..), hide = true)]
+    pub(crate) null_samples_per_id: u16,
     #[command(flatten)]
     pub(crate) engine_args: EngineArgs,
     #[command(flatten)]

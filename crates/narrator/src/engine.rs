@@ -465,7 +465,12 @@ pub(crate) fn load(
 /// everything around inference runs for real, for control-plane benchmarks and tests.
 /// Its plan is fixed (`--max-batch`, default 32); `NARRATOR_TEST_GPU_MEMORY_TOKENS` puts it
 /// behind a claimed GPU's memory limit, with the null engine on CPU as the fallback.
-pub(crate) fn load_null(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyhow::Result<Loaded> {
+pub(crate) fn load_null(
+    paths: &Paths,
+    args: &EngineArgs,
+    voice: Voice,
+    samples_per_id: usize,
+) -> anyhow::Result<Loaded> {
     let limit = test_memory_limit();
     // Test hook: every engine run takes this long, whatever its size (a GPU-like worker
     // whose speed grows with its batch budget).
@@ -474,7 +479,8 @@ pub(crate) fn load_null(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyho
         .and_then(|v| v.parse::<u64>().ok())
         .map(std::time::Duration::from_millis);
     let pool = EnginePool::start_with(1, move |_| {
-        let mut null = Box::new(narrator_engine::NullBackend::default()) as Box<dyn Backend>;
+        let mut null =
+            Box::new(narrator_engine::NullBackend { samples_per_id }) as Box<dyn Backend>;
         if let Some(per_run) = pace {
             null = Box::new(narrator_engine::Paced {
                 inner: null,
@@ -499,9 +505,9 @@ pub(crate) fn load_null(paths: &Paths, args: &EngineArgs, voice: Voice) -> anyho
         max_wait: std::time::Duration::ZERO,
     });
     if limit.is_some() {
-        synth = synth.with_fallback(Box::new(|| {
-            let pool = EnginePool::start_with(1, |_| {
-                Ok(Box::new(narrator_engine::NullBackend::default()) as Box<dyn Backend>)
+        synth = synth.with_fallback(Box::new(move || {
+            let pool = EnginePool::start_with(1, move |_| {
+                Ok(Box::new(narrator_engine::NullBackend { samples_per_id }) as Box<dyn Backend>)
             })?;
             Ok((pool, Budget::single()))
         }));

@@ -30,6 +30,8 @@ struct GuardedQueue {
     pool: PgPool,
     stop: watch::Receiver<bool>,
     worker: String,
+    /// Checked deliveries that need work, in delivery order.
+    ready: tokio::sync::Mutex<std::collections::VecDeque<Delivery<GuardTicket>>>,
 }
 
 /// A delivery's ticket with what the failure path needs.
@@ -40,49 +42,76 @@ struct GuardTicket {
     inner: narrator_broker::Ticket,
 }
 
+/// Most deliveries checked with one database query: everything the broker has already
+/// sent, up to this many, is checked at once.
+const CHECK_GROUP: usize = 64;
+
 impl GuardedQueue {
     async fn next_inner(&self) -> Result<Option<Delivery<GuardTicket>>, SeamError> {
+        let mut ready = self.ready.lock().await;
         loop {
-            let Some(d) = self.inner.next_delivery().await? else {
+            if let Some(d) = ready.pop_front() {
+                return Ok(Some(d));
+            }
+            let group = self.inner.next_deliveries(CHECK_GROUP).await?;
+            if group.is_empty() {
                 return Ok(None);
-            };
-            let Ok(job) = Uuid::parse_str(&d.job_id) else {
-                let decision = Decision::DeadLetter {
-                    reason: format!("job id '{}' is not a UUID", d.job_id),
-                };
-                self.inner.settle(d.ticket, decision).await?;
-                continue;
-            };
-            let index = d.segment.index;
-            let check = match narrator_db::check_segment(&self.pool, job, index).await {
-                Ok(c) => c,
+            }
+            let mut parsed = Vec::with_capacity(group.len());
+            for d in group {
+                match Uuid::parse_str(&d.job_id) {
+                    Ok(job) => parsed.push((job, d)),
+                    Err(_) => {
+                        let decision = Decision::DeadLetter {
+                            reason: format!("job id '{}' is not a UUID", d.job_id),
+                        };
+                        self.inner.settle(d.ticket, decision).await?;
+                    }
+                }
+            }
+            let keys: Vec<(Uuid, u32)> = parsed
+                .iter()
+                .map(|(job, d)| (*job, d.segment.index))
+                .collect();
+            let checks = match narrator_db::check_segments(&self.pool, &keys).await {
+                Ok(c) if c.len() == parsed.len() => c,
+                Ok(c) => {
+                    return Err(SeamError::new(
+                        "internal",
+                        format!("{} checks for {} deliveries", c.len(), parsed.len()),
+                        std::io::Error::other("delivery check mismatch"),
+                    ));
+                }
                 Err(e) => {
-                    // The database is away: let the message come back later.
-                    tracing::warn!(error = %e, "cannot check a delivery; retrying it later");
-                    let decision = failure_decision(e.kind(), &e.to_string(), d.attempt);
-                    self.inner.settle(d.ticket, decision).await?;
+                    // The database is away: let the messages come back later.
+                    tracing::warn!(error = %e, deliveries = parsed.len(), "cannot check deliveries; retrying them later");
+                    for (_, d) in parsed {
+                        let decision = failure_decision(e.kind(), &e.to_string(), d.attempt);
+                        self.inner.settle(d.ticket, decision).await?;
+                    }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }
             };
-            match check {
-                SegmentCheck::Work if d.attempt > MAX_ATTEMPTS => {
-                    // The broker's delivery limit dead-letters the next return on its own,
-                    // without a reason or a record: give up here, with both.
-                    let ticket = GuardTicket {
-                        job,
-                        index,
-                        attempt: d.attempt,
-                        inner: d.ticket,
-                    };
-                    let reason = format!(
-                        "delivered {} times without being finished (workers stopped or died holding it)",
-                        d.attempt
-                    );
-                    self.fail(ticket, "delivery_limit", &reason).await?;
-                }
-                SegmentCheck::Work => {
-                    return Ok(Some(Delivery {
+            for ((job, d), check) in parsed.into_iter().zip(checks) {
+                let index = d.segment.index;
+                match check {
+                    SegmentCheck::Work if d.attempt > MAX_ATTEMPTS => {
+                        // The broker's delivery limit dead-letters the next return on its
+                        // own, without a reason or a record: give up here, with both.
+                        let ticket = GuardTicket {
+                            job,
+                            index,
+                            attempt: d.attempt,
+                            inner: d.ticket,
+                        };
+                        let reason = format!(
+                            "delivered {} times without being finished (workers stopped or died holding it)",
+                            d.attempt
+                        );
+                        self.fail(ticket, "delivery_limit", &reason).await?;
+                    }
+                    SegmentCheck::Work => ready.push_back(Delivery {
                         job_id: d.job_id,
                         segment: d.segment,
                         attempt: d.attempt,
@@ -93,11 +122,11 @@ impl GuardedQueue {
                             attempt: d.attempt,
                             inner: d.ticket,
                         },
-                    }));
-                }
-                other => {
-                    tracing::debug!(%job, index, ?other, worker = %self.worker, "skipping a delivery that needs no work");
-                    self.inner.settle(d.ticket, Decision::Ack).await?;
+                    }),
+                    other => {
+                        tracing::debug!(%job, index, ?other, worker = %self.worker, "skipping a delivery that needs no work");
+                        self.inner.settle(d.ticket, Decision::Ack).await?;
+                    }
                 }
             }
         }
@@ -196,8 +225,10 @@ impl StateStore for ClusterState {
 
 /// Builds one job's outputs (the caller holds its assembly claim) and marks it done.
 async fn assemble_job(pool: &PgPool, store: &S3AudioStore, job: Uuid) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
     let stored = narrator_db::load_job(pool, job).await?;
     let records = narrator_db::finished_segments(pool, job).await?;
+    let loaded = started.elapsed();
     if records.len() != stored.plan.segments.len() {
         anyhow::bail!(
             "job {job} has {} of {} segments recorded",
@@ -261,9 +292,18 @@ async fn assemble_job(pool: &PgPool, store: &S3AudioStore, job: Uuid) -> anyhow:
         seconds: 0.0,
         bytes: size("manifest.json"),
     });
+    let built = started.elapsed();
     if !narrator_db::finish_with_outputs(pool, job, manifest.audio_seconds, &outputs).await? {
         tracing::warn!(%job, "assembled, but the job was no longer assembling (cancelled?)");
     }
+    tracing::info!(
+        %job,
+        segments = records.len(),
+        load_s = loaded.as_secs_f64(),
+        build_s = (built - loaded).as_secs_f64(),
+        record_s = (started.elapsed() - built).as_secs_f64(),
+        "assembled"
+    );
     Ok(())
 }
 
@@ -561,7 +601,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
     for (voice, eargs) in engines {
         let name = voice.name.clone();
         let loaded = if null_engine {
-            engine::load_null(paths, &eargs, voice)?
+            engine::load_null(paths, &eargs, voice, usize::from(args.null_samples_per_id))?
         } else {
             let planning = match eargs.calibrate.as_deref() {
                 Some(p) => p.parse()?,
@@ -636,6 +676,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
             pool: pool.clone(),
             stop: stop.clone(),
             worker: worker_id.clone(),
+            ready: Default::default(),
         });
         let stages = Stages {
             synth,
