@@ -17,9 +17,11 @@
 #                       as they are (no Piper arm then)
 #   --e2e-worker ARGS   one more distributed arm per round, its worker started with these
 #                       flags (repeatable), e.g. --e2e-worker "--no-spin"
-#   --null-worker ARGS  worker flags for part 2 (repeatable: one measured run each;
-#                       default "": the null engine's own plan, max-batch 32, prefetch 160,
-#                       which was not slower than --prefetch 256 and/or --max-batch 64)
+#   --null-worker ARGS  worker flags for part 2 (repeatable: one measured run each).
+#                       Default: two runs with the null engine's own plan (max-batch 32,
+#                       prefetch 65): "" (silence of this voice's length: the audio bytes
+#                       through S3 count) and "--null-samples-per-id 8" (1/48 of the
+#                       audio: the control plane's own cost, requests and round trips)
 #   --no-piper          no Piper and no raw arm (otherwise `ops/setup.sh --with-piper` is run
 #                       first: both use its venv)
 #   --only e2e|null     run one part only
@@ -58,14 +60,14 @@ while (($#)); do
         --no-piper) NO_PIPER=1; shift ;;
         --only) ONLY="${2:?--only needs e2e or null}"; shift 2 ;;
         --keep) KEEP="${2:?--keep needs DIR}"; shift 2 ;;
-        -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench-cluster: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "bench-cluster: --rounds must be a positive integer" >&2; exit 2; }
 [[ "$NULL_SEGMENTS" =~ ^[1-9][0-9]*$ ]] || { echo "bench-cluster: --null-segments must be a positive integer" >&2; exit 2; }
 [[ -z "$ONLY" || "$ONLY" == e2e || "$ONLY" == null ]] || { echo "bench-cluster: --only takes e2e or null" >&2; exit 2; }
-((${#NULL_WORKERS[@]})) || NULL_WORKERS=("")
+((${#NULL_WORKERS[@]})) || NULL_WORKERS=("" "--null-samples-per-id 8")
 
 log() { printf 'bench-cluster: %s\n' "$*" >&2; }
 die() { printf 'bench-cluster: ERROR: %s\n' "$*" >&2; exit 1; }

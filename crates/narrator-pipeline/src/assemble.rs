@@ -23,7 +23,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 use narrator_core::{PackedAt, SeamError, SegmentAudio};
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::PipelineError;
 
@@ -316,6 +316,17 @@ impl<A> Drop for ReadAhead<A> {
     }
 }
 
+/// Outputs uploading at once while the assembly goes on.
+const UPLOADS: usize = 2;
+
+/// An upload task's outcome as the assembly's.
+fn uploaded(
+    done: Result<Result<(), SeamError>, tokio::task::JoinError>,
+) -> Result<(), PipelineError> {
+    done.map_err(|e| PipelineError::Task(e.to_string()))?
+        .map_err(PipelineError::from)
+}
+
 /// Builds and publishes every output; returns the manifest (already published).
 /// `wall_before` is the synthesis wall time already spent on this job.
 pub async fn assemble<A: AudioStore + 'static>(
@@ -350,7 +361,8 @@ pub async fn assemble<A: AudioStore + 'static>(
     let mut book = encoder(&book_path, &book_spec)?;
     // Segments are read in order with a few fetches ahead: a networked store's latency
     // overlaps the encoding instead of adding up (memory: about READ_AHEAD_BYTES of stored audio).
-    let (mut read_wait, mut put_wait) = (Duration::ZERO, Duration::ZERO);
+    let (mut read_wait, mut upload_wait) = (Duration::ZERO, Duration::ZERO);
+    let mut uploads: JoinSet<Result<(), SeamError>> = JoinSet::new();
     let mut audio_in_order = ReadAhead::new(
         store.clone(),
         plan.job_id.clone(),
@@ -394,21 +406,34 @@ pub async fn assemble<A: AudioStore + 'static>(
             }
         }
         chapter.finish()?;
-        let putting = Instant::now();
-        store.put_output(&plan.job_id, &cl.file, &path).await?;
-        put_wait += putting.elapsed();
+        // The chapter goes up while the next one is encoded (at most UPLOADS at once).
+        if uploads.len() >= UPLOADS {
+            let waiting = Instant::now();
+            if let Some(done) = uploads.join_next().await {
+                uploaded(done)?;
+            }
+            upload_wait += waiting.elapsed();
+        }
+        let (store, job, name) = (store.clone(), plan.job_id.clone(), cl.file.clone());
+        uploads.spawn(async move { store.put_output(&job, &name, &path).await });
     }
     book.finish()?;
-    let putting = Instant::now();
-    store
-        .put_output(&plan.job_id, &lay.book_file, &book_path)
-        .await?;
-    put_wait += putting.elapsed();
+    let waiting = Instant::now();
+    {
+        let (store, job, name) = (store.clone(), plan.job_id.clone(), lay.book_file.clone());
+        uploads.spawn(async move { store.put_output(&job, &name, &book_path).await });
+    }
+    // Every output is up before the manifest that lists them (an error ends the assembly;
+    // dropping the set cancels the other uploads).
+    while let Some(done) = uploads.join_next().await {
+        uploaded(done)?;
+    }
+    upload_wait += waiting.elapsed();
     tracing::debug!(
         job = %plan.job_id,
         seconds = started.elapsed().as_secs_f64(),
         read_wait_s = read_wait.as_secs_f64(),
-        put_s = put_wait.as_secs_f64(),
+        upload_wait_s = upload_wait.as_secs_f64(),
         "assembly: segments read and outputs encoded and stored"
     );
 

@@ -36,6 +36,8 @@ const MIN_PART: u64 = 5 * MIB;
 const MAX_PART: u64 = 5 * 1024 * MIB;
 /// S3's most parts per upload.
 const MAX_PARTS: u64 = 10_000;
+/// Parts of one multipart upload sent at once.
+const PARTS_IN_FLIGHT: usize = 4;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -557,7 +559,19 @@ impl S3AudioStore {
         // Grow the parts when the file would need more than S3's 10,000.
         let part_size = self.part_size.max(len.div_ceil(MAX_PARTS));
         let part_len = usize::try_from(part_size).map_err(|_| config_err("part_size too large"))?;
+        let joined = |done: Result<Result<CompletedPart, S3Error>, tokio::task::JoinError>| {
+            done.map_err(|e| S3Error::Request {
+                action: format!("upload_part {key}"),
+                endpoint: self.endpoint.clone(),
+                detail: format!("the upload task failed: {e}"),
+                source: Box::new(e),
+            })?
+        };
         let mut f = tokio::fs::File::open(file).await.map_err(local)?;
+        // Parts go up PARTS_IN_FLIGHT at a time (memory: that many parts), read from the
+        // file in order; the first failure ends the upload (the caller aborts it).
+        let mut uploads: tokio::task::JoinSet<Result<CompletedPart, S3Error>> =
+            tokio::task::JoinSet::new();
         let mut parts = Vec::new();
         for part_number in 1i32.. {
             let mut buf = vec![0u8; part_len];
@@ -574,27 +588,40 @@ impl S3AudioStore {
             }
             buf.truncate(filled);
             let last = filled < part_len;
-            let out = self
-                .client
-                .upload_part()
-                .bucket(&self.bucket)
-                .key(key)
-                .upload_id(upload_id)
-                .part_number(part_number)
-                .body(ByteStream::from(buf))
-                .send()
-                .await
-                .map_err(|e| self.classify("upload_part", &format!("{key} #{part_number}"), e))?;
-            parts.push(
-                CompletedPart::builder()
+            if uploads.len() >= PARTS_IN_FLIGHT
+                && let Some(done) = uploads.join_next().await
+            {
+                parts.push(joined(done)?);
+            }
+            let this = self.clone();
+            let (key, upload_id) = (key.to_owned(), upload_id.to_owned());
+            uploads.spawn(async move {
+                let out = this
+                    .client
+                    .upload_part()
+                    .bucket(&this.bucket)
+                    .key(&key)
+                    .upload_id(upload_id)
+                    .part_number(part_number)
+                    .body(ByteStream::from(buf))
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        this.classify("upload_part", &format!("{key} #{part_number}"), e)
+                    })?;
+                Ok(CompletedPart::builder()
                     .part_number(part_number)
                     .set_e_tag(out.e_tag().map(str::to_owned))
-                    .build(),
-            );
+                    .build())
+            });
             if last {
                 break;
             }
         }
+        while let Some(done) = uploads.join_next().await {
+            parts.push(joined(done)?);
+        }
+        parts.sort_by_key(|p| p.part_number());
         Ok(parts)
     }
 

@@ -161,7 +161,9 @@ async fn large_output_goes_up_in_parts() {
     };
     let store = S3AudioStore::connect(cfg).await.unwrap();
     let job = job();
-    let data = pseudo_random((12 * MIB + 12345) as usize, 42);
+    // Six parts: more than go up at once, so parts finish out of order and are put back
+    // in order for the completion.
+    let data = pseudo_random((27 * MIB + 12345) as usize, 42);
     let mut f = tempfile::Builder::new().suffix(".opus").tempfile().unwrap();
     f.write_all(&data).unwrap();
     store.put_output(&job, "book.opus", f.path()).await.unwrap();
