@@ -196,6 +196,15 @@ impl Synthesizer {
         };
     }
 
+    /// Lowers the batch budget to at most `to` (each limit the smaller of the two) and
+    /// returns the result: concurrent batches that ran out of memory at an older, larger
+    /// budget cannot undo a smaller one.
+    pub fn shrink_budget(&self, to: Budget) -> Budget {
+        let mut budget = self.budget.lock().unwrap_or_else(|e| e.into_inner());
+        *budget = shrunk(*budget, to);
+        *budget
+    }
+
     /// What the engine has done so far.
     pub fn stats(&self) -> EngineStats {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -315,13 +324,15 @@ impl Synthesizer {
                         max_requests: (budget.max_requests / 2).max(1),
                         max_wait: budget.max_wait,
                     };
+                    // Another batch may have shrunk the budget (or fallen back to CPU)
+                    // meanwhile: never raise it again.
+                    let halved = self.shrink_budget(halved);
                     tracing::warn!(
                         error = %what,
                         max_batch_tokens = halved.max_tokens,
                         max_batch_requests = halved.max_requests,
                         "out of memory: halved the batch budget, running the batch again"
                     );
-                    self.set_budget(halved);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -390,6 +401,10 @@ impl Synthesizer {
     }
 
     async fn fall_back(&self, make: &Fallback, what: &str) -> Result<(), PipelineError> {
+        if !matches!(self.pool().device(), Device::Cuda(_)) {
+            // Another batch fell back already; this one runs again on the CPU pool.
+            return Ok(());
+        }
         let (pool, budget) = make()?;
         let reason = format!(
             "fell back to {} after out-of-memory failures on the GPU (last: {what})",
@@ -405,6 +420,15 @@ impl Synthesizer {
         self.set_budget(budget);
         self.note(|s| s.fallback = Some(reason));
         Ok(())
+    }
+}
+
+/// Each limit of `current` lowered to `to`'s (never below 1).
+fn shrunk(current: Budget, to: Budget) -> Budget {
+    Budget {
+        max_tokens: current.max_tokens.min(to.max_tokens).max(1),
+        max_requests: current.max_requests.min(to.max_requests).max(1),
+        max_wait: current.max_wait,
     }
 }
 
@@ -448,6 +472,15 @@ mod tests {
             max_requests: requests,
             max_wait: std::time::Duration::ZERO,
         }
+    }
+
+    #[test]
+    fn a_stale_halving_never_raises_a_smaller_budget() {
+        // After a fallback to one item per run, a batch that failed at the old budget of
+        // 4 items halves it to 2: the budget stays at 1.
+        assert_eq!(shrunk(budget(128, 1), budget(804, 2)), budget(128, 1));
+        assert_eq!(shrunk(budget(1608, 4), budget(804, 2)), budget(804, 2));
+        assert_eq!(shrunk(budget(10, 3), budget(0, 0)), budget(1, 1));
     }
 
     #[test]

@@ -516,29 +516,48 @@ async fn heartbeat(
     }
 }
 
-async fn shutdown_requested() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM and Ctrl-C, listened for from the worker's start: a signal that arrives while
+/// the engines load or the first segments run is kept, and the worker stops cleanly as
+/// soon as it is running, instead of dying on the signal's default action.
+struct Shutdown {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Shutdown {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signals = match (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) {
+                (Ok(term), Ok(int)) => Some((term, int)),
+                _ => None,
+            };
+            Self { signals }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+
+    async fn requested(&mut self) {
+        #[cfg(unix)]
+        if let Some((term, int)) = &mut self.signals {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            return;
+        }
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// `narrator worker`.
 pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()> {
+    let mut shutdown = Shutdown::listen();
     let voices = if args.voices.is_empty() {
         vec![args.engine_args.voice.clone()]
     } else {
@@ -749,7 +768,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
 
     let mut failure = None;
     tokio::select! {
-        _ = shutdown_requested() => {
+        _ = shutdown.requested() => {
             eprintln!("worker {worker_id}: stopping after the batches in flight");
         }
         Some(r) = loops.join_next() => {
