@@ -9,7 +9,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection};
-use narrator_core::{Delivery, SeamError, SegmentQueue};
+use narrator_core::{Delivery, Failure, SeamError, SegmentQueue};
 use tokio::sync::Mutex;
 
 use crate::{
@@ -50,6 +50,8 @@ pub struct Consumer {
     publisher: Publisher,
     prefetch: u16,
     queue: String,
+    /// The database's cluster id: a message of another cluster is left in the queue.
+    cluster: Option<String>,
 }
 
 fn consumer_tag(voice: &str) -> String {
@@ -143,8 +145,17 @@ impl Consumer {
             channel,
             prefetch,
             queue,
+            cluster: None,
         };
         Ok(consumer)
+    }
+
+    /// Accept only messages of `cluster` (and those without one, from versions before
+    /// cluster ids): a message of another cluster is returned to the queue untouched and
+    /// [`Consumer::next_deliveries`] fails with [`BrokerError::WrongCluster`].
+    pub fn for_cluster(mut self, cluster: impl Into<String>) -> Self {
+        self.cluster = Some(cluster.into());
+        self
     }
 
     /// The prefetch this consumer keeps.
@@ -187,7 +198,7 @@ impl Consumer {
     /// the way.
     pub async fn next_deliveries(&self, max: usize) -> Result<Vec<Delivery<Ticket>>, BrokerError> {
         let mut stream = self.stream.lock().await;
-        let mut out = Vec::new();
+        let mut out: Vec<Delivery<Ticket>> = Vec::new();
         while out.len() < max.max(1) {
             let item = if out.is_empty() {
                 stream.next().await
@@ -210,6 +221,24 @@ impl Consumer {
                         attempt,
                     };
                     match decoded {
+                        Ok(m)
+                            if m.cluster.is_some()
+                                && self.cluster.is_some()
+                                && m.cluster != self.cluster =>
+                        {
+                            // Not this database's message: back to the queue, untouched,
+                            // with everything taken so far, and stop.
+                            let wrong = BrokerError::WrongCluster {
+                                queue: self.queue.clone(),
+                                message: m.cluster.unwrap_or_default(),
+                                database: self.cluster.clone().unwrap_or_default(),
+                            };
+                            self.settle_inner(ticket, Action::Requeue).await?;
+                            for d in out.drain(..) {
+                                self.settle_inner(d.ticket, Action::Requeue).await?;
+                            }
+                            return Err(wrong);
+                        }
                         Ok(m) => out.push(Delivery {
                             job_id: m.job_id,
                             segment: m.segment,
@@ -269,11 +298,19 @@ impl Consumer {
             Action::Decided(Decision::Ack) => {
                 ("basic.ack", acker.ack(BasicAckOptions::default()).await)
             }
-            Action::Decided(Decision::Retry { after }) => {
+            Action::Decided(
+                decision @ (Decision::Retry { after } | Decision::Postpone { after }),
+            ) => {
                 let tier = tier_label(after);
+                // A postponed delivery goes back with the attempts made before it: this
+                // one is not charged.
+                let charged = match decision {
+                    Decision::Postpone { .. } => attempt.saturating_sub(1),
+                    _ => attempt,
+                };
                 let props = properties.clone().with_headers(republish_headers(
                     &properties,
-                    attempt,
+                    charged,
                     (RETRY_TIER_HEADER, &tier),
                 ));
                 let published = self
@@ -345,18 +382,18 @@ impl SegmentQueue for Consumer {
         Ok(self.settle_inner(ticket, Action::Requeue).await?)
     }
 
-    async fn fail(&self, ticket: Ticket, kind: &str, reason: &str) -> Result<(), SeamError> {
-        let decision = failure_decision(kind, reason, ticket.attempt);
+    async fn fail(&self, ticket: Ticket, failure: &Failure) -> Result<(), SeamError> {
+        let decision = failure_decision(failure, ticket.attempt);
         Ok(self.settle(ticket, decision).await?)
     }
 }
 
-/// The decision for a failure of `kind` on `attempt`, with the error's own words in a
-/// dead letter's reason.
-pub fn failure_decision(kind: &str, reason: &str, attempt: u32) -> Decision {
-    match decide(FailureKind::from_seam_kind(kind), attempt) {
+/// The decision for `failure` on `attempt` (its retry class decides), with the error's
+/// own words in a dead letter's reason.
+pub fn failure_decision(failure: &Failure, attempt: u32) -> Decision {
+    match decide(failure.class.into(), attempt) {
         Decision::DeadLetter { reason: why } => Decision::DeadLetter {
-            reason: format!("{why}: {kind}: {reason}"),
+            reason: format!("{why}: {}: {}", failure.kind, failure.reason),
         },
         other => other,
     }

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use narrator_core::RetryClass;
+
 use crate::RETRY_TIERS;
 
 /// Most attempts a segment gets before it is dead-lettered.
@@ -21,18 +23,18 @@ pub enum FailureKind {
     AlreadyDone,
     /// The job was cancelled: drop the segment.
     Cancelled,
+    /// A service the worker needs is away (database, object store): not the segment's
+    /// fault, so it is tried again later without being charged an attempt.
+    Infrastructure,
 }
 
-impl FailureKind {
-    /// Classifies a seam error's kind word; unknown words count as transient, so a
-    /// new error kind retries (bounded by [`MAX_ATTEMPTS`]) rather than losing work.
-    pub fn from_seam_kind(kind: &str) -> Self {
-        match kind {
-            "message_malformed" => Self::Malformed,
-            "voice_unknown" | "unknown_voice" | "text_unspeakable" | "input" => Self::Permanent,
-            "already_done" => Self::AlreadyDone,
-            "cancelled" => Self::Cancelled,
-            _ => Self::Transient,
+impl From<RetryClass> for FailureKind {
+    fn from(class: RetryClass) -> Self {
+        match class {
+            RetryClass::Transient => Self::Transient,
+            RetryClass::Permanent => Self::Permanent,
+            RetryClass::Malformed => Self::Malformed,
+            RetryClass::Infrastructure => Self::Infrastructure,
         }
     }
 }
@@ -42,8 +44,14 @@ impl FailureKind {
 pub enum Decision {
     /// Done (or nothing left to do): remove it.
     Ack,
-    /// Deliver it again after a delay (through a retry tier).
+    /// Deliver it again after a delay (through a retry tier), this attempt counted.
     Retry {
+        /// The delay; rounded up to the next tier.
+        after: Duration,
+    },
+    /// Deliver it again after a delay without counting this attempt: the failure was an
+    /// outage of a service, not the segment's.
+    Postpone {
         /// The delay; rounded up to the next tier.
         after: Duration,
     },
@@ -60,6 +68,9 @@ pub enum Decision {
 pub fn decide(kind: FailureKind, attempt: u32) -> Decision {
     match kind {
         FailureKind::AlreadyDone | FailureKind::Cancelled => Decision::Ack,
+        FailureKind::Infrastructure => Decision::Postpone {
+            after: RETRY_TIERS[0],
+        },
         FailureKind::Malformed => Decision::DeadLetter {
             reason: "malformed message".into(),
         },
@@ -121,22 +132,22 @@ mod tests {
     }
 
     #[test]
-    fn seam_kinds_are_classified_and_unknown_ones_retry() {
+    fn outages_are_postponed_uncounted_whatever_the_attempt() {
+        for attempt in [1, MAX_ATTEMPTS, 0xffff] {
+            assert_eq!(
+                decide(RetryClass::Infrastructure.into(), attempt),
+                Decision::Postpone {
+                    after: RETRY_TIERS[0]
+                }
+            );
+        }
         assert_eq!(
-            FailureKind::from_seam_kind("store_io"),
-            FailureKind::Transient
-        );
-        assert_eq!(
-            FailureKind::from_seam_kind("message_malformed"),
-            FailureKind::Malformed
-        );
-        assert_eq!(
-            FailureKind::from_seam_kind("voice_unknown"),
+            FailureKind::from(RetryClass::Permanent),
             FailureKind::Permanent
         );
         assert_eq!(
-            FailureKind::from_seam_kind("something_new"),
-            FailureKind::Transient
+            FailureKind::from(RetryClass::Malformed),
+            FailureKind::Malformed
         );
     }
 }

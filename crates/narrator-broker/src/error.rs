@@ -1,6 +1,6 @@
 //! The broker's errors, each with a stable kind word for [`narrator_core::SeamError`].
 
-use narrator_core::SeamError;
+use narrator_core::{RetryClass, SeamError};
 
 /// What went wrong talking to RabbitMQ.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +56,20 @@ pub enum BrokerError {
     /// A message body is not a segment message this version understands.
     #[error("malformed segment message: {0}")]
     Malformed(String),
+    /// A message of another cluster: the worker's database is not its broker's.
+    #[error(
+        "queue {queue} holds a message of cluster {message}, but this worker's database is cluster {database}: \
+         the worker is pointed at another database than the producer's; left the message in the queue \
+         (give the worker the database URL `narrator submit` used)"
+    )]
+    WrongCluster {
+        /// The queue.
+        queue: String,
+        /// The message's cluster id.
+        message: String,
+        /// The database's cluster id.
+        database: String,
+    },
 }
 
 impl BrokerError {
@@ -64,6 +78,20 @@ impl BrokerError {
         Self::Amqp {
             op: op.into(),
             source,
+        }
+    }
+
+    /// How a failure of this kind is retried: the broker being away or refusing is an
+    /// outage; a message that cannot be encoded or read never gets better.
+    pub fn retry_class(&self) -> RetryClass {
+        match self {
+            Self::Connect { .. } | Self::Amqp { .. } | Self::Nacked { .. } => {
+                RetryClass::Infrastructure
+            }
+            Self::Returned { .. } | Self::NotConfirmed => RetryClass::Transient,
+            Self::Encode(_) => RetryClass::Permanent,
+            Self::Malformed(_) => RetryClass::Malformed,
+            Self::WrongCluster { .. } => RetryClass::Permanent,
         }
     }
 
@@ -76,6 +104,7 @@ impl BrokerError {
             Self::Returned { .. } => "broker_unroutable",
             Self::Encode(_) => "message_encode",
             Self::Malformed(_) => "message_malformed",
+            Self::WrongCluster { .. } => "wrong_cluster",
         }
     }
 }
@@ -84,6 +113,6 @@ impl From<BrokerError> for SeamError {
     fn from(e: BrokerError) -> Self {
         let kind = e.kind();
         let message = e.to_string();
-        SeamError::new(kind, message, e)
+        SeamError::new(kind, e.retry_class(), message, e)
     }
 }

@@ -19,6 +19,10 @@ pub struct SegmentMessage {
     pub segment: Segment,
     /// When the producer enqueued it (Unix milliseconds), for queue-wait figures.
     pub enqueued_at_ms: u64,
+    /// The cluster (database) the job is recorded in, as `narrator migrate` made it. A
+    /// worker whose database is another cluster leaves the message alone. `None` in
+    /// messages of versions before it existed.
+    pub cluster: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -28,6 +32,8 @@ struct WireOut<'a> {
     voice: &'a str,
     segment: &'a Segment,
     enqueued_at_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<&'a str>,
 }
 
 #[derive(Deserialize)]
@@ -37,6 +43,8 @@ struct WireIn {
     voice: String,
     segment: Segment,
     enqueued_at_ms: u64,
+    #[serde(default)]
+    cluster: Option<String>,
 }
 
 impl SegmentMessage {
@@ -51,7 +59,14 @@ impl SegmentMessage {
             voice: voice.into(),
             segment,
             enqueued_at_ms,
+            cluster: None,
         }
+    }
+
+    /// The message tied to `cluster` (the database's cluster id).
+    pub fn in_cluster(mut self, cluster: impl Into<String>) -> Self {
+        self.cluster = Some(cluster.into());
+        self
     }
 
     /// The JSON body.
@@ -62,6 +77,7 @@ impl SegmentMessage {
             voice: &self.voice,
             segment: &self.segment,
             enqueued_at_ms: self.enqueued_at_ms,
+            cluster: self.cluster.as_deref(),
         })
         .map_err(BrokerError::Encode)
     }
@@ -81,6 +97,7 @@ impl SegmentMessage {
             voice: w.voice,
             segment: w.segment,
             enqueued_at_ms: w.enqueued_at_ms,
+            cluster: w.cluster,
         })
     }
 }
@@ -101,6 +118,7 @@ mod tests {
                 pause_after: PauseAfter::Paragraph,
             },
             enqueued_at_ms: 42,
+            cluster: Some("c1".into()),
         }
     }
 
@@ -110,6 +128,15 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(v["v"], 1);
         assert_eq!(SegmentMessage::decode(&body).expect("decode"), msg());
+    }
+
+    #[test]
+    fn a_message_without_a_cluster_reads_as_none() {
+        let mut m = msg();
+        m.cluster = None;
+        let body = m.encode().expect("encode");
+        assert!(!String::from_utf8_lossy(&body).contains("cluster"));
+        assert_eq!(SegmentMessage::decode(&body).expect("decode").cluster, None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub mod manifest;
 pub mod seams;
 
 pub use manifest::{BookEntry, ChapterEntry, Manifest, SegmentEntry};
-pub use seams::{AudioStore, Delivery, SeamError, SegmentQueue, StateStore};
+pub use seams::{AudioStore, Delivery, Failure, RetryClass, SeamError, SegmentQueue, StateStore};
 
 use serde::{Deserialize, Serialize};
 

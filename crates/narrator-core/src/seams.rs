@@ -7,12 +7,45 @@ use std::path::Path;
 
 use crate::{PackedAt, SegmentAudio, SegmentRecord};
 
-/// A failure at a seam, with a stable kind word (metric label, `failure_kind`).
+/// How a failure should be retried. Every error type of the seams declares its class, so
+/// the broker's decision follows the type, never a string match on a kind word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryClass {
+    /// The segment's own try failed and may work later (an engine hiccup, a lost race):
+    /// retry with backoff, counted against the segment's attempts.
+    Transient,
+    /// Will never work for this segment (text that cannot be spoken, a bad record):
+    /// give up at once, with the reason.
+    Permanent,
+    /// The message itself cannot be read: give up at once.
+    Malformed,
+    /// A service the worker depends on (database, object store, broker) is away or
+    /// timing out. Not the segment's fault: retry after a pause without charging it an
+    /// attempt, and tell the operator about the outage.
+    Infrastructure,
+}
+
+impl RetryClass {
+    /// A stable word (logs, metric labels).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryClass::Transient => "transient",
+            RetryClass::Permanent => "permanent",
+            RetryClass::Malformed => "malformed",
+            RetryClass::Infrastructure => "infrastructure",
+        }
+    }
+}
+
+/// A failure at a seam: a stable kind word (metric label, `failure_kind`) and the retry
+/// class its type declared.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct SeamError {
     /// Stable word, e.g. `store_io`.
     pub kind: &'static str,
+    /// How to retry it.
+    pub class: RetryClass,
     /// One line: what failed and what to do.
     pub message: String,
     /// The cause.
@@ -24,24 +57,39 @@ impl SeamError {
     /// An error with a cause.
     pub fn new(
         kind: &'static str,
+        class: RetryClass,
         message: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
         Self {
             kind,
+            class,
             message: message.into(),
             source: Some(Box::new(source)),
         }
     }
 
     /// An error without a cause.
-    pub fn msg(kind: &'static str, message: impl Into<String>) -> Self {
+    pub fn msg(kind: &'static str, class: RetryClass, message: impl Into<String>) -> Self {
         Self {
             kind,
+            class,
             message: message.into(),
             source: None,
         }
     }
+}
+
+/// One failed segment as the queue needs it to decide: the kind word, the retry class
+/// and one readable line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// Stable word (`failure_kind`).
+    pub kind: &'static str,
+    /// How to retry it.
+    pub class: RetryClass,
+    /// What went wrong, one line.
+    pub reason: String,
 }
 
 /// Where segment audio and finished outputs are kept.
@@ -91,6 +139,17 @@ pub trait AudioStore: Send + Sync {
     /// The whole pack stored under `key` by [`AudioStore::put_segments`]; a segment's
     /// bytes are `[offset, offset + len)` of it, one complete WAV. The default: a store
     /// that never packs has none.
+    /// Deletes stored objects that no record points at (a duplicate's copy that lost
+    /// the race to be recorded). The default: a store whose keys are deterministic has
+    /// nothing extra to delete.
+    fn discard(
+        &self,
+        job: &str,
+        keys: &[String],
+    ) -> impl Future<Output = Result<(), SeamError>> + Send {
+        let _ = (job, keys);
+        std::future::ready(Ok(()))
+    }
     fn get_pack(
         &self,
         job: &str,
@@ -99,6 +158,7 @@ pub trait AudioStore: Send + Sync {
         let _ = job;
         std::future::ready(Err(SeamError::msg(
             "store_io",
+            RetryClass::Permanent,
             format!("pack {key:?} asked of a store that does not write packs"),
         )))
     }
@@ -112,18 +172,21 @@ pub trait StateStore: Send + Sync {
         job: &str,
         record: &SegmentRecord,
     ) -> impl Future<Output = Result<(), SeamError>> + Send;
-    /// Records several finished segments of one job (after their audio is stored); the
-    /// default records each in turn. A database does it in one statement.
+    /// Records several finished segments of one job (after their audio is stored) and
+    /// returns the indices this call recorded: a segment another copy recorded first
+    /// keeps that copy's record, and the caller's audio for it is not pointed at. The
+    /// default records each in turn and claims them all. A database does it in one
+    /// statement.
     fn record_segments(
         &self,
         job: &str,
         records: &[SegmentRecord],
-    ) -> impl Future<Output = Result<(), SeamError>> + Send {
+    ) -> impl Future<Output = Result<Vec<u32>, SeamError>> + Send {
         async move {
             for r in records {
                 self.record_segment(job, r).await?;
             }
-            Ok(())
+            Ok(records.iter().map(|r| r.index).collect())
         }
     }
     /// The segments recorded as finished, one record per index.
@@ -163,16 +226,15 @@ pub trait SegmentQueue: Send + Sync {
     fn ack(&self, ticket: Self::Ticket) -> impl Future<Output = Result<(), SeamError>> + Send;
     /// The segment was not done: deliver it again (attempt + 1).
     fn requeue(&self, ticket: Self::Ticket) -> impl Future<Output = Result<(), SeamError>> + Send;
-    /// The segment failed with an error of `kind` (a stable word such as `store_io`) and
-    /// a readable `reason`; the queue decides between a later retry and giving up (a
-    /// networked queue dead-letters it with the reason). The default requeues it.
+    /// The segment failed (its kind word, retry class and reason); the queue decides
+    /// between a later retry and giving up (a networked queue dead-letters it with the
+    /// reason). The default requeues it.
     fn fail(
         &self,
         ticket: Self::Ticket,
-        kind: &str,
-        reason: &str,
+        failure: &Failure,
     ) -> impl Future<Output = Result<(), SeamError>> + Send {
-        let _ = (kind, reason);
+        let _ = failure;
         self.requeue(ticket)
     }
     /// Of `jobs`, those whose segments need no more work (cancelled or ended): the runner

@@ -133,45 +133,75 @@ pub async fn set_settings(
     Ok(())
 }
 
-/// Moves a finished `running` job to `assembling` for `worker` (exactly one caller wins).
+/// The cluster id `narrator migrate` made for this database; every segment message
+/// carries it, so a worker can tell a message of another cluster from its own.
+pub async fn cluster_id(exec: impl PgExecutor<'_>) -> Result<Uuid, DbError> {
+    sqlx::query_scalar("SELECT id FROM cluster")
+        .fetch_optional(exec)
+        .await?
+        .ok_or(DbError::Corrupt {
+            column: "cluster.id",
+            value: "no row (run `narrator migrate`)".into(),
+        })
+}
+
+/// Moves a finished `running` job to `assembling` for `worker`'s process `instance`
+/// (exactly one caller wins). A job whose last assembly failed transiently waits for its
+/// retry time.
 pub async fn claim_assembly_for(
     exec: impl PgExecutor<'_>,
     job: Uuid,
     worker: &str,
+    instance: Uuid,
 ) -> Result<bool, DbError> {
     let n = sqlx::query(
-        "UPDATE jobs SET state = 'assembling', assembler = $2, assembly_started_at = now() \
-         WHERE id = $1 AND state = 'running' AND segments_done = segments_total",
+        "UPDATE jobs SET state = 'assembling', assembler = $2, assembler_instance = $3, \
+           assembly_started_at = now() \
+         WHERE id = $1 AND state = 'running' AND segments_done = segments_total \
+           AND (assembly_retry_at IS NULL OR assembly_retry_at <= now())",
     )
     .bind(job)
     .bind(worker)
+    .bind(instance)
     .execute(exec)
     .await?
     .rows_affected();
     Ok(n > 0)
 }
 
-/// Jobs `worker` takes over: finished but never claimed (the recording worker died
-/// between its record and its claim), or assembling by a worker whose heartbeat is
-/// older than `stale` (it died assembling). One statement; each job goes to one caller.
+/// Jobs `worker` (process `instance`) takes over: finished but never claimed (the
+/// recording worker died between its record and its claim, or the last assembly failed
+/// transiently and its retry time has come), or assembling by a process that is gone:
+/// its worker row is older than `stale`, or names another instance (the worker was
+/// restarted under the same id, so the claimer is dead even though the id is alive).
+/// One statement; each job goes to one caller.
 pub async fn take_over_assemblies(
     exec: impl PgExecutor<'_>,
     worker: &str,
+    instance: Uuid,
     stale: Duration,
 ) -> Result<Vec<Uuid>, DbError> {
     let rows = sqlx::query(
-        "UPDATE jobs j SET state = 'assembling', assembler = $1, assembly_started_at = now() \
+        "UPDATE jobs j SET state = 'assembling', assembler = $1, assembler_instance = $3, \
+           assembly_started_at = now() \
          WHERE j.id IN ( \
            SELECT id FROM jobs WHERE \
-             (state = 'running' AND segments_done = segments_total) \
-             OR (state = 'assembling' AND assembly_started_at < now() - make_interval(secs => $2) \
-                 AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = jobs.assembler \
-                                 AND w.last_seen > now() - make_interval(secs => $2))) \
+             (state = 'running' AND segments_done = segments_total \
+              AND (assembly_retry_at IS NULL OR assembly_retry_at <= now())) \
+             OR (state = 'assembling' AND NOT EXISTS ( \
+                   SELECT 1 FROM workers w WHERE w.id = jobs.assembler \
+                     AND w.last_seen > now() - make_interval(secs => $2) \
+                     AND (jobs.assembler_instance IS NULL OR w.instance IS NULL \
+                          OR w.instance = jobs.assembler_instance)) \
+                 AND (assembly_started_at < now() - make_interval(secs => $2) \
+                      OR EXISTS (SELECT 1 FROM workers w WHERE w.id = jobs.assembler \
+                                 AND w.instance IS DISTINCT FROM jobs.assembler_instance))) \
            FOR UPDATE SKIP LOCKED) \
          RETURNING j.id",
     )
     .bind(worker)
     .bind(secs(stale))
+    .bind(instance)
     .fetch_all(exec)
     .await?;
     rows.iter()
@@ -239,6 +269,118 @@ pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
         settings,
         state: JobState::parse(&row.try_get::<String, _>("state")?)?,
     })
+}
+
+/// Puts a job whose assembly failed for the moment (the database or the store away, a
+/// full temp disk) back to wait: `running` with every segment done, unclaimed, retried
+/// by a worker's sweep after `after`. `false` if it was no longer assembling.
+pub async fn postpone_assembly(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+    error: &str,
+    after: Duration,
+) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE jobs SET state = 'running', assembler = NULL, assembler_instance = NULL, \
+           assembly_started_at = NULL, assembly_attempts = assembly_attempts + 1, \
+           assembly_error = $2, assembly_retry_at = now() + make_interval(secs => $3) \
+         WHERE id = $1 AND state = 'assembling'",
+    )
+    .bind(job)
+    .bind(error)
+    .bind(secs(after))
+    .execute(exec)
+    .await?
+    .rows_affected();
+    Ok(n > 0)
+}
+
+/// Assembly tries of a job that ended in a transient failure so far.
+pub async fn assembly_attempts(exec: impl PgExecutor<'_>, job: Uuid) -> Result<u32, DbError> {
+    let n: i32 = sqlx::query_scalar("SELECT assembly_attempts FROM jobs WHERE id = $1")
+        .bind(job)
+        .fetch_optional(exec)
+        .await?
+        .ok_or(DbError::JobNotFound(job))?;
+    unsigned("assembly_attempts", i64::from(n))
+}
+
+/// A job the stuck-job watchdog rescued: its segments that are neither done nor failed,
+/// to be published again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rescue {
+    /// The job.
+    pub job: Uuid,
+    /// Its voice (the queue to publish to).
+    pub voice: String,
+    /// The segments to publish again.
+    pub segments: Vec<Segment>,
+    /// Segments given up on because they were lost `max_rescues` times already.
+    pub given_up: u32,
+}
+
+/// The stuck-job watchdog's claim: `queued`/`running` jobs of `voices` with segments
+/// left whose last progress (a segment recorded done or failed, or the submission) and
+/// last rescue are older than `lease`. Each is claimed by one caller for one lease; its
+/// pending segments are returned to be published again, except those already rescued
+/// `max_rescues` times, which are recorded failed (lost again and again: a message that
+/// kills every worker it reaches, dead-lettered by the broker without a record).
+pub async fn rescue_stuck_jobs(
+    pool: &PgPool,
+    voices: &[String],
+    lease: Duration,
+    max_rescues: u32,
+    limit: u32,
+) -> Result<Vec<Rescue>, DbError> {
+    let mut tx = pool.begin().await?;
+    let jobs: Vec<(Uuid, String)> = sqlx::query_as(
+        "UPDATE jobs j SET rescued_at = now(), rescues = j.rescues + 1 \
+         WHERE j.id IN ( \
+           SELECT id FROM jobs WHERE state IN ('queued', 'running') \
+             AND segments_done < segments_total AND voice = ANY($1) \
+             AND greatest(created_at, progress_at, rescued_at) < now() - make_interval(secs => $2) \
+           ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
+         RETURNING j.id, j.voice",
+    )
+    .bind(voices)
+    .bind(secs(lease))
+    .bind(i64::from(limit))
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut out = Vec::with_capacity(jobs.len());
+    for (job, voice) in jobs {
+        let given_up = sqlx::query(
+            "UPDATE segments SET state = 'failed', failure_kind = 'lost', \
+               failure_reason = format('lost %s times (dead-lettered by the broker or never \
+                 delivered; workers may have died on it each time)', rescues) \
+             WHERE job_id = $1 AND state = 'pending' AND rescues >= $2",
+        )
+        .bind(job)
+        .bind(i32::try_from(max_rescues).unwrap_or(i32::MAX))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let rows = sqlx::query(
+            "UPDATE segments SET rescues = rescues + 1, published_at = now() \
+             WHERE job_id = $1 AND state = 'pending' RETURNING idx, chapter, text, pause_after",
+        )
+        .bind(job)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut segments = rows
+            .iter()
+            .map(segment_row)
+            .collect::<Result<Vec<_>, DbError>>()?;
+        segments.sort_by_key(|s| s.index);
+        out.push(Rescue {
+            job,
+            voice,
+            segments,
+            given_up: u32::try_from(given_up).unwrap_or(u32::MAX),
+        });
+    }
+    tx.commit().await?;
+    Ok(out)
 }
 
 /// One published output of a job.
@@ -325,7 +467,9 @@ pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError
     sqlx::query(
         "UPDATE jobs SET state = CASE WHEN segments_done > 0 THEN 'running' ELSE 'queued' END, \
          finished_at = NULL, failure_kind = NULL, failure_reason = NULL, assembler = NULL, \
-         assembly_started_at = NULL WHERE id = $1",
+         assembler_instance = NULL, assembly_started_at = NULL, assembly_attempts = 0, \
+         assembly_retry_at = NULL, assembly_error = NULL, rescued_at = NULL, \
+         progress_at = now() WHERE id = $1",
     )
     .bind(job)
     .execute(&mut *tx)

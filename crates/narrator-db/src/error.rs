@@ -78,7 +78,39 @@ pub enum DbError {
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
+/// SQLSTATEs that mean the server, not the statement, is the problem: connection
+/// exceptions (class 08), insufficient resources (53), operator intervention (57: shut
+/// down, restarting, statement timeout) and system errors (58).
+fn server_trouble(code: &str) -> bool {
+    ["08", "53", "57", "58"].iter().any(|c| code.starts_with(c))
+}
+
 impl DbError {
+    /// How an operation that failed with this error is retried: the database being away,
+    /// restarting or timing out is an outage (not the segment's fault); a row or value
+    /// that is wrong never gets better; anything else may.
+    pub fn retry_class(&self) -> narrator_core::RetryClass {
+        use narrator_core::RetryClass;
+        match self {
+            Self::Unavailable(_) => RetryClass::Infrastructure,
+            Self::Query(e) => match e.as_database_error().and_then(|d| d.code()) {
+                Some(code) if server_trouble(&code) => RetryClass::Infrastructure,
+                Some(_) => RetryClass::Transient,
+                None => RetryClass::Infrastructure,
+            },
+            Self::JobNotFound(_)
+            | Self::SegmentNotFound { .. }
+            | Self::DuplicateSegment(_)
+            | Self::EmptyJob
+            | Self::BadJobId { .. }
+            | Self::WrongJob { .. }
+            | Self::OutOfRange { .. }
+            | Self::Corrupt { .. }
+            | Self::Constraint { .. }
+            | Self::Migrate(_) => RetryClass::Permanent,
+        }
+    }
+
     /// Stable word for metrics and `failure_kind`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -125,6 +157,9 @@ impl From<sqlx::Error> for DbError {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => Self::Unavailable(e),
+            sqlx::Error::Database(ref d) if d.code().is_some_and(|c| server_trouble(&c)) => {
+                Self::Unavailable(e)
+            }
             e => match e
                 .as_database_error()
                 .and_then(|d| d.constraint())

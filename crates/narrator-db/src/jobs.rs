@@ -304,6 +304,53 @@ pub struct JobStatus {
     pub chapters: Vec<ChapterProgress>,
     /// Warnings from reading the input.
     pub warnings: Vec<String>,
+    /// For a job that has not ended: what it is waiting on, when anything but its turn
+    /// (no worker alive, no progress, a rescue, a postponed or orphaned assembly).
+    pub waiting: Option<String>,
+}
+
+/// Seconds after which a worker row counts as gone (6 default heartbeats).
+const WORKER_GONE_S: f64 = 30.0;
+
+/// What an unfinished job waits on, from its row's bookkeeping.
+fn waiting(row: &PgRow, state: JobState) -> Result<Option<String>, DbError> {
+    let live_workers: i64 = row.try_get("live_workers")?;
+    let idle: f64 = row.try_get("idle_seconds")?;
+    let rescues: i32 = row.try_get("rescues")?;
+    let retry_at: Option<DateTime<Utc>> = row.try_get("assembly_retry_at")?;
+    let attempts: i32 = row.try_get("assembly_attempts")?;
+    let error: Option<String> = row.try_get("assembly_error")?;
+    let assembler: Option<String> = row.try_get("assembler")?;
+    let assembler_alive: Option<bool> = row.try_get("assembler_alive")?;
+    let done: i32 = row.try_get("segments_done")?;
+    let total: i32 = row.try_get("segments_total")?;
+    Ok(match state {
+        JobState::Queued | JobState::Running | JobState::Assembling if live_workers == 0 => {
+            Some(format!(
+                "no worker has been seen for {WORKER_GONE_S:.0} s: start one (`narrator worker`) with this database"
+            ))
+        }
+        JobState::Running if done == total => match retry_at {
+            Some(at) => Some(format!(
+                "assembly failed for now (try {attempts}: {}); next try at {}",
+                error.unwrap_or_default(),
+                at.format("%H:%M:%S UTC")
+            )),
+            None => Some("every segment is done; waiting for a worker to assemble it".into()),
+        },
+        JobState::Queued | JobState::Running if rescues > 0 => Some(format!(
+            "no progress for {idle:.0} s; its missing segments were published again {rescues} time(s)"
+        )),
+        JobState::Queued | JobState::Running if idle >= 60.0 => Some(format!(
+            "no segment finished for {idle:.0} s: behind other jobs in the queue, or a service is down \
+             (see `narrator workers`); after the workers' lease its missing segments are published again"
+        )),
+        JobState::Assembling if assembler_alive != Some(true) => Some(format!(
+            "its assembler {} is gone; another worker takes the assembly over",
+            assembler.unwrap_or_default()
+        )),
+        _ => None,
+    })
 }
 
 fn summary(row: &PgRow) -> Result<JobSummary, DbError> {
@@ -361,9 +408,18 @@ pub async fn job_status(
             FROM (SELECT chapter, count(*) AS total, count(*) FILTER (WHERE state = 'done') AS done, \
                          coalesce(sum(audio_seconds) FILTER (WHERE state = 'done'), 0) AS audio \
                   FROM segments WHERE job_id = j.id GROUP BY chapter) c) AS progress \
+           , j.rescues, j.assembly_retry_at, j.assembly_attempts, j.assembly_error, j.assembler, \
+           EXTRACT(EPOCH FROM now() - greatest(j.created_at, j.progress_at, j.rescued_at))::float8 \
+             AS idle_seconds, \
+           (SELECT count(*) FROM workers w \
+            WHERE w.last_seen > now() - make_interval(secs => $2)) AS live_workers, \
+           (SELECT w.last_seen > now() - make_interval(secs => $2) \
+                   AND w.instance IS NOT DISTINCT FROM j.assembler_instance \
+            FROM workers w WHERE w.id = j.assembler) AS assembler_alive \
          FROM job_status v JOIN jobs j ON j.id = v.id WHERE v.id = $1",
     )
     .bind(job)
+    .bind(WORKER_GONE_S)
     .fetch_optional(exec)
     .await?;
     let Some(row) = row else { return Ok(None) };
@@ -389,10 +445,13 @@ pub async fn job_status(
             }
         })
         .collect();
+    let summary = summary(&row)?;
+    let waiting = waiting(&row, summary.state)?;
     Ok(Some(JobStatus {
-        summary: summary(&row)?,
+        summary,
         chapters,
         warnings,
+        waiting,
     }))
 }
 

@@ -28,10 +28,13 @@ pub struct RecordOutcome {
 }
 
 /// What recording several segments of a job did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordsOutcome {
     /// How many this call marked done (the others already were; they did not change).
     pub newly_done: u64,
+    /// Their indices, ascending: the records that now point at this caller's audio. A
+    /// caller whose stored object none of them points at deletes it (another copy won).
+    pub recorded: Vec<u32>,
     /// Every segment of the job is done (also when nothing changed), as in
     /// [`RecordOutcome::job_complete`].
     pub job_complete: bool,
@@ -126,7 +129,7 @@ pub async fn record_segments(
                FROM input i WHERE s.job_id = $1 AND s.idx = i.idx AND s.state <> 'done' \
                  AND (SELECT count(*) FROM segments k \
                       WHERE k.job_id = $1 AND k.idx = ANY($2)) = cardinality($2) \
-               RETURNING s.audio_seconds, s.inference_seconds), \
+               RETURNING s.idx, s.audio_seconds, s.inference_seconds), \
              agg AS (SELECT count(*) AS n, coalesce(sum(audio_seconds), 0) AS audio, \
                coalesce(max(inference_seconds), 0) AS inference FROM seg), \
              job AS ( \
@@ -134,11 +137,13 @@ pub async fn record_segments(
                  audio_seconds = j.audio_seconds + agg.audio, \
                  speech_seconds = j.speech_seconds + agg.audio, \
                  state = CASE WHEN j.state = 'queued' THEN 'running' ELSE j.state END, \
+                 progress_at = now(), \
                  started_at = coalesce(j.started_at, \
                    now() - make_interval(secs => agg.inference)) \
                FROM agg WHERE j.id = $1 AND agg.n > 0 \
                RETURNING j.segments_done = j.segments_total AS complete) \
              SELECT (SELECT n FROM agg) AS newly, \
+               (SELECT coalesce(array_agg(idx ORDER BY idx), '{}') FROM seg) AS recorded, \
                (SELECT complete FROM job) AS complete_now, \
                (SELECT segments_done = segments_total FROM jobs WHERE id = $1) AS complete_before, \
                (SELECT count(*) FROM segments WHERE job_id = $1 AND idx = ANY($2)) AS known",
@@ -181,10 +186,12 @@ pub async fn record_segments(
         });
     }
     let newly: i64 = row.try_get("newly")?;
+    let recorded: Vec<i32> = row.try_get("recorded")?;
     let complete_now: Option<bool> = row.try_get("complete_now")?;
     let complete_before: Option<bool> = row.try_get("complete_before")?;
     Ok(RecordsOutcome {
         newly_done: newly.max(0) as u64,
+        recorded: recorded.into_iter().map(|i| i.max(0) as u32).collect(),
         job_complete: complete_now.or(complete_before).unwrap_or(false),
     })
 }
@@ -200,18 +207,20 @@ pub async fn fail_segment(
     reason: &str,
 ) -> Result<bool, DbError> {
     let n = sqlx::query(
-        "UPDATE segments SET state = 'failed', attempts = $3, failure_kind = $4, \
-         failure_reason = $5 WHERE job_id = $1 AND idx = $2 AND state <> 'done'",
+        "WITH seg AS (UPDATE segments SET state = 'failed', attempts = $3, failure_kind = $4, \
+         failure_reason = $5 WHERE job_id = $1 AND idx = $2 AND state <> 'done' RETURNING job_id), \
+         job AS (UPDATE jobs SET progress_at = now() WHERE id IN (SELECT job_id FROM seg)) \
+         SELECT 1 FROM seg",
     )
     .bind(job)
     .bind(int4("segment index", index)?)
     .bind(int4("attempts", attempts)?)
     .bind(kind)
     .bind(reason)
-    .execute(exec)
+    .fetch_all(exec)
     .await
     .map_err(|e| DbError::on_job(job, e))?
-    .rows_affected();
+    .len();
     Ok(n > 0)
 }
 

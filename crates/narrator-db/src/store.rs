@@ -74,7 +74,7 @@ impl PgStateStore {
 }
 
 fn seam(e: DbError) -> SeamError {
-    SeamError::new(e.kind(), e.to_string(), e)
+    SeamError::new(e.kind(), e.retry_class(), e.to_string(), e)
 }
 
 impl StateStore for PgStateStore {
@@ -86,12 +86,16 @@ impl StateStore for PgStateStore {
         Ok(())
     }
 
-    async fn record_segments(&self, job: &str, records: &[SegmentRecord]) -> Result<(), SeamError> {
+    async fn record_segments(
+        &self,
+        job: &str,
+        records: &[SegmentRecord],
+    ) -> Result<Vec<u32>, SeamError> {
         let id = self.resolve(job).map_err(seam)?;
-        crate::record_segments(&self.pool, id, records)
+        let outcome = crate::record_segments(&self.pool, id, records)
             .await
             .map_err(seam)?;
-        Ok(())
+        Ok(outcome.recorded)
     }
 
     async fn finished_segments(&self, job: &str) -> Result<Vec<SegmentRecord>, SeamError> {

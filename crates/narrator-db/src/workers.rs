@@ -24,6 +24,9 @@ pub struct WorkerInfo {
     pub hardware: serde_json::Value,
     /// Its batch plan.
     pub plan: serde_json::Value,
+    /// This process's incarnation: new at every start, so claims made by a process that
+    /// died are told from those of its successor under the same `id`.
+    pub instance: Option<uuid::Uuid>,
 }
 
 /// A row of the `worker_recent` view.
@@ -52,11 +55,13 @@ pub async fn heartbeat(
     segments_done: u64,
 ) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO workers (id, host, device, hardware, plan, segments_done) \
-         VALUES ($1, $2, $3, $4, $5, $6) \
+        "INSERT INTO workers (id, host, device, hardware, plan, segments_done, instance) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) \
          ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, device = EXCLUDED.device, \
            hardware = EXCLUDED.hardware, plan = EXCLUDED.plan, \
-           segments_done = EXCLUDED.segments_done, last_seen = now()",
+           segments_done = EXCLUDED.segments_done, instance = EXCLUDED.instance, \
+           started_at = CASE WHEN workers.instance IS DISTINCT FROM EXCLUDED.instance \
+             THEN now() ELSE workers.started_at END, last_seen = now()",
     )
     .bind(&worker.id)
     .bind(&worker.host)
@@ -64,6 +69,7 @@ pub async fn heartbeat(
     .bind(Json(&worker.hardware))
     .bind(Json(&worker.plan))
     .bind(int8("segments done", segments_done)?)
+    .bind(worker.instance)
     .execute(exec)
     .await?;
     Ok(())
@@ -92,6 +98,8 @@ pub async fn list_workers(
                 device: row.try_get("device")?,
                 hardware,
                 plan,
+                // Not in the view: it matters to assembly claims only.
+                instance: None,
             },
             segments_done: unsigned("segments_done", row.try_get("segments_done")?)?,
             started_at: row.try_get("started_at")?,

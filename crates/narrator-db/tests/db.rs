@@ -238,6 +238,7 @@ async fn a_group_of_records_is_one_statement_with_the_same_rules(pool: PgPool) {
     let again = [packed(1, "p/b", 0), packed(4, "p/b", 44_144)];
     let out = record_segments(&pool, job, &again).await.expect("again");
     assert_eq!((out.newly_done, out.job_complete), (1, false));
+    assert_eq!(out.recorded, [4], "only segment 4 points at p/b");
     let finished = finished_segments(&pool, job).await.expect("finished");
     assert_eq!(
         finished[0].packed.as_ref().map(|p| p.key.as_str()),
@@ -456,6 +457,7 @@ async fn views_give_rtf_and_latency_from_timestamps(pool: PgPool) {
         device: "cpu".into(),
         hardware: serde_json::json!({"cores": 2}),
         plan: serde_json::json!({"max_batch": 1}),
+        instance: None,
     };
     heartbeat(&pool, &info("w1"), 2).await.expect("beat");
     heartbeat(&pool, &info("w1"), 3).await.expect("beat again");
@@ -729,4 +731,187 @@ async fn the_fleet_table_is_the_newest_run_per_hardware_and_voice(pool: PgPool) 
     let mut bad = bench_row("X", 0.1);
     bad.batched_at = 0;
     assert!(record_bench(&pool, &bad).await.is_err());
+}
+
+fn worker_row(id: &str, instance: narrator_db::Uuid) -> WorkerInfo {
+    WorkerInfo {
+        id: id.into(),
+        host: "h".into(),
+        device: "cpu".into(),
+        hardware: serde_json::json!({}),
+        plan: serde_json::json!([]),
+        instance: Some(instance),
+    }
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn migrate_makes_one_cluster_id(pool: PgPool) {
+    let a = narrator_db::cluster_id(&pool).await.expect("cluster id");
+    assert_eq!(narrator_db::cluster_id(&pool).await.expect("again"), a);
+    // A second row is refused: one database, one cluster.
+    assert!(
+        sqlx::query("INSERT INTO cluster (singleton) VALUES (true)")
+            .execute(&pool)
+            .await
+            .is_err()
+    );
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn an_assembly_claimed_by_a_process_that_restarted_under_its_id_is_taken_over(pool: PgPool) {
+    let stale = Duration::from_secs(30);
+    let job = create_job(&pool, &plan(1, 1), "wav", 0)
+        .await
+        .expect("create");
+    record_segment(&pool, job, &rec(0, "w1"))
+        .await
+        .expect("record");
+    let (first, second) = (narrator_db::Uuid::new_v4(), narrator_db::Uuid::new_v4());
+    heartbeat(&pool, &worker_row("host:1", first), 1)
+        .await
+        .expect("beat");
+    assert!(
+        narrator_db::claim_assembly_for(&pool, job, "host:1", first)
+            .await
+            .expect("claim")
+    );
+    // While the claimer's process beats, nobody takes it over.
+    let other = narrator_db::Uuid::new_v4();
+    heartbeat(&pool, &worker_row("other:1", other), 0)
+        .await
+        .expect("beat");
+    let taken = narrator_db::take_over_assemblies(&pool, "other:1", other, stale)
+        .await
+        .expect("sweep");
+    assert!(taken.is_empty(), "a live claim is kept: {taken:?}");
+    // The process dies; a new one starts under the same id and beats at once. Its id
+    // is fresh, but the claim names the dead instance: taken over without waiting.
+    heartbeat(&pool, &worker_row("host:1", second), 0)
+        .await
+        .expect("beat");
+    let taken = narrator_db::take_over_assemblies(&pool, "other:1", other, stale)
+        .await
+        .expect("sweep");
+    assert_eq!(taken, [job]);
+    let (assembler, instance): (String, narrator_db::Uuid) =
+        sqlx::query_as("SELECT assembler, assembler_instance FROM jobs WHERE id = $1")
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .expect("row");
+    assert_eq!((assembler.as_str(), instance), ("other:1", other));
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn a_postponed_assembly_waits_for_its_time_then_is_claimed_again(pool: PgPool) {
+    let me = narrator_db::Uuid::new_v4();
+    heartbeat(&pool, &worker_row("w", me), 0)
+        .await
+        .expect("beat");
+    let job = create_job(&pool, &plan(1, 1), "wav", 0)
+        .await
+        .expect("create");
+    record_segment(&pool, job, &rec(0, "w"))
+        .await
+        .expect("record");
+    assert!(
+        narrator_db::claim_assembly_for(&pool, job, "w", me)
+            .await
+            .expect("claim")
+    );
+    assert!(
+        narrator_db::postpone_assembly(&pool, job, "S3 away", Duration::from_secs(3600))
+            .await
+            .expect("postpone")
+    );
+    assert_eq!(
+        narrator_db::assembly_attempts(&pool, job).await.expect("n"),
+        1
+    );
+    assert_eq!(counters(&pool, job).await.0, JobState::Running);
+    assert!(
+        !narrator_db::claim_assembly_for(&pool, job, "w", me)
+            .await
+            .expect("too early")
+    );
+    let swept = narrator_db::take_over_assemblies(&pool, "w", me, Duration::from_secs(30))
+        .await
+        .expect("sweep");
+    assert!(swept.is_empty(), "not before its retry time");
+    sqlx::query("UPDATE jobs SET assembly_retry_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .expect("time passes");
+    let swept = narrator_db::take_over_assemblies(&pool, "w", me, Duration::from_secs(30))
+        .await
+        .expect("sweep");
+    assert_eq!(swept, [job]);
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given_up(pool: PgPool) {
+    let voices = vec!["en_US-joe-medium".to_string()];
+    let lease = Duration::from_secs(60);
+    let job = create_job(&pool, &plan(1, 3), "wav", 0)
+        .await
+        .expect("create");
+    record_segment(&pool, job, &rec(1, "w"))
+        .await
+        .expect("record");
+    // Fresh progress: not stuck.
+    let r = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+        .await
+        .expect("scan");
+    assert!(r.is_empty());
+    let age = |pool: PgPool| async move {
+        sqlx::query(
+            "UPDATE jobs SET created_at = now() - interval '1 hour', \
+             progress_at = now() - interval '1 hour', \
+             rescued_at = CASE WHEN rescued_at IS NULL THEN NULL ELSE now() - interval '1 hour' END",
+        )
+        .execute(&pool)
+        .await
+        .expect("age");
+    };
+    age(pool.clone()).await;
+    // Another voice's jobs are not this worker's to rescue.
+    let other = narrator_db::rescue_stuck_jobs(&pool, &["x".to_string()], lease, 2, 10)
+        .await
+        .expect("scan");
+    assert!(other.is_empty());
+    let r = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+        .await
+        .expect("scan");
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].job, job);
+    let idx: Vec<u32> = r[0].segments.iter().map(|s| s.index).collect();
+    assert_eq!(idx, [0, 2], "the pending segments, not the done one");
+    // Claimed for a lease: a second scan (another worker) finds nothing.
+    let again = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+        .await
+        .expect("scan");
+    assert!(again.is_empty());
+    // Lost again and again: after 2 rescues the segments are given up, with a reason.
+    age(pool.clone()).await;
+    let second = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+        .await
+        .expect("scan");
+    assert_eq!((second[0].segments.len(), second[0].given_up), (2, 0));
+    age(pool.clone()).await;
+    let third = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+        .await
+        .expect("scan");
+    assert_eq!((third[0].segments.len(), third[0].given_up), (0, 2));
+    let ended = narrator_db::fail_settled_jobs(&pool).await.expect("settle");
+    assert_eq!(ended, [job]);
+    let st = job_status(&pool, job).await.expect("status").expect("job");
+    assert!(
+        st.summary
+            .failure_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("lost 2 times"),
+        "{:?}",
+        st.summary.failure_reason
+    );
 }

@@ -251,7 +251,7 @@ impl<A: AudioStore + 'static> ReadAhead<A> {
                     tokio::spawn(async move {
                         let pack = fetch
                             .await
-                            .map_err(|e| SeamError::msg(e.kind, e.message.clone()))?;
+                            .map_err(|e| SeamError::msg(e.kind, e.class, e.message.clone()))?;
                         segment_in_pack(&pack, &at, i)
                     })
                 }
@@ -285,6 +285,7 @@ fn segment_in_pack(pack: &[u8], at: &PackedAt, index: u32) -> Result<SegmentAudi
     let Some((start, end)) = range else {
         return Err(SeamError::msg(
             "store_corrupt",
+            narrator_core::RetryClass::Permanent,
             format!(
                 "segment {index}: pack {:?} has {} bytes, the record says {}..{}; store the job again",
                 at.key,
@@ -298,6 +299,7 @@ fn segment_in_pack(pack: &[u8], at: &PackedAt, index: u32) -> Result<SegmentAudi
         narrator_audio::decode_wav_bytes(&pack[start..end]).map_err(|e| {
             SeamError::new(
                 "store_corrupt",
+                narrator_core::RetryClass::Permanent,
                 format!("segment {index} in pack {:?}: {e}", at.key),
                 e,
             )

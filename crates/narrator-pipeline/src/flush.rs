@@ -146,7 +146,9 @@ async fn flush<A: AudioStore, S: StateStore>(
             }
             Err(e) => {
                 for &(r, i) in *places {
-                    results[r][i] = Some(Err(SeamError::msg(e.kind, e.message.clone()).into()));
+                    results[r][i] = Some(Err(
+                        SeamError::msg(e.kind, e.class, e.message.clone()).into()
+                    ));
                 }
             }
         }
@@ -196,6 +198,31 @@ async fn write_group<A: AudioStore, S: StateStore>(
             }
         })
         .collect();
-    stages.state.record_segments(job, &records).await?;
+    let recorded = stages.state.record_segments(job, &records).await?;
+    // Objects this call stored that no record points at: every segment in them was
+    // recorded first by another copy (a duplicate delivery). Delete them; the records
+    // point at the winner's audio, so stored audio and figures always agree.
+    let mut unused: Vec<String> = Vec::new();
+    for r in &records {
+        if let Some(p) = &r.packed
+            && !unused.contains(&p.key)
+            && !records.iter().any(|o| {
+                o.packed.as_ref().is_some_and(|q| q.key == p.key) && recorded.contains(&o.index)
+            })
+        {
+            unused.push(p.key.clone());
+        }
+    }
+    if !unused.is_empty() {
+        tracing::info!(
+            job,
+            objects = unused.len(),
+            "another copy was recorded first; deleting this copy's audio"
+        );
+        if let Err(e) = stages.store.discard(job, &unused).await {
+            // Left behind, it is removed with the job's other intermediates once done.
+            tracing::warn!(job, error = %e, "cannot delete a duplicate's audio");
+        }
+    }
     Ok(records)
 }

@@ -22,6 +22,8 @@ pub mod synth;
 
 use std::path::PathBuf;
 
+use narrator_core::{Failure, RetryClass};
+
 pub use assemble::{AssembleOptions, assemble};
 pub use batcher::{Batcher, Budget};
 pub use bench::{BenchFigures, BenchOptions, ConcurrencyPoint, SweepPoint, bench};
@@ -92,6 +94,42 @@ pub enum PipelineError {
 }
 
 impl PipelineError {
+    /// How a segment that failed with this error is retried. Phonemizing or encoding a
+    /// segment is deterministic: it fails the same way every time. The engine can fail
+    /// for the moment (out of memory, a stopped session); the stores say for themselves.
+    pub fn retry_class(&self) -> RetryClass {
+        match self {
+            PipelineError::Phonemes(_) | PipelineError::Audio(_) | PipelineError::Manifest(_) => {
+                RetryClass::Permanent
+            }
+            PipelineError::Engine(e) => match e {
+                narrator_engine::EngineError::UnknownVoice { .. }
+                | narrator_engine::EngineError::VoiceConfig { .. }
+                | narrator_engine::EngineError::EmptyItem { .. } => RetryClass::Permanent,
+                _ => RetryClass::Transient,
+            },
+            PipelineError::Seam(e) => e.class,
+            PipelineError::Io { .. } => RetryClass::Infrastructure,
+            PipelineError::Injected {
+                permanent: true, ..
+            } => RetryClass::Permanent,
+            PipelineError::Corrupt { .. }
+            | PipelineError::Incomplete { .. }
+            | PipelineError::Task(_)
+            | PipelineError::Injected { .. }
+            | PipelineError::Internal(_) => RetryClass::Transient,
+        }
+    }
+
+    /// What the queue needs to decide on a segment that failed with this error.
+    pub fn failure(&self) -> Failure {
+        Failure {
+            kind: self.kind(),
+            class: self.retry_class(),
+            reason: self.to_string(),
+        }
+    }
+
     /// A stable word for metrics and the `failure_kind` column.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -10,10 +10,16 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use narrator_core::{AudioStore, SeamError, SegmentAudio, SegmentRecord, StateStore};
+use narrator_core::{AudioStore, RetryClass, SeamError, SegmentAudio, SegmentRecord, StateStore};
 
 fn io_err(kind: &'static str, what: &str, path: &Path, e: std::io::Error) -> SeamError {
-    SeamError::new(kind, format!("{what} {}: {e}", path.display()), e)
+    // A local disk that fails (full, read-only) is the machine's fault, not the segment's.
+    SeamError::new(
+        kind,
+        RetryClass::Infrastructure,
+        format!("{what} {}: {e}", path.display()),
+        e,
+    )
 }
 
 /// Segment audio as WAV files in a folder; outputs moved into the output folder.
@@ -48,6 +54,7 @@ impl AudioStore for LocalAudioStore {
         narrator_audio::encode_wav_file(&tmp, audio.sample_rate, &audio.samples).map_err(|e| {
             SeamError::new(
                 "store_io",
+                RetryClass::Infrastructure,
                 format!("cannot write {}: {e}", tmp.display()),
                 e,
             )
@@ -60,6 +67,7 @@ impl AudioStore for LocalAudioStore {
         let (sample_rate, samples) = narrator_audio::read_wav_i16(&path).map_err(|e| {
             SeamError::new(
                 "store_io",
+                RetryClass::Infrastructure,
                 format!("cannot read segment audio {}: {e}", path.display()),
                 e,
             )
@@ -108,13 +116,18 @@ impl JournalStateStore {
 
 impl StateStore for JournalStateStore {
     async fn record_segment(&self, _job: &str, record: &SegmentRecord) -> Result<(), SeamError> {
-        let mut line = serde_json::to_vec(record)
-            .map_err(|e| SeamError::new("state_io", "cannot encode a segment record", e))?;
+        let mut line = serde_json::to_vec(record).map_err(|e| {
+            SeamError::new(
+                "state_io",
+                RetryClass::Permanent,
+                "cannot encode a segment record",
+                e,
+            )
+        })?;
         line.push(b'\n');
-        let mut f = self
-            .file
-            .lock()
-            .map_err(|_| SeamError::msg("state_io", "journal lock poisoned"))?;
+        let mut f = self.file.lock().map_err(|_| {
+            SeamError::msg("state_io", RetryClass::Permanent, "journal lock poisoned")
+        })?;
         // One write call per line: a kill leaves at worst one torn final line.
         f.write_all(&line)
             .map_err(|e| io_err("state_io", "cannot append to", &self.path, e))

@@ -39,6 +39,7 @@ pub struct InProcessQueue {
 fn poisoned() -> SeamError {
     SeamError::msg(
         "queue",
+        narrator_core::RetryClass::Permanent,
         "the in-process queue's lock was poisoned by a panic",
     )
 }
@@ -57,7 +58,11 @@ impl InProcessQueue {
     ) -> Result<(), SeamError> {
         let mut s = self.state.lock().map_err(|_| poisoned())?;
         if s.closed {
-            return Err(SeamError::msg("queue", "publish after close"));
+            return Err(SeamError::msg(
+                "queue",
+                narrator_core::RetryClass::Permanent,
+                "publish after close",
+            ));
         }
         s.waiting.extend(segments.into_iter().map(|segment| Item {
             job_id: job_id.to_string(),

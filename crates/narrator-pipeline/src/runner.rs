@@ -186,7 +186,7 @@ enum Failed<T> {
     /// Stops the worker loop.
     Fatal(PipelineError),
     /// Concerns this delivery only (isolating mode).
-    Segment(Delivery<T>, PipelineError),
+    Segment(Delivery<T>, Box<PipelineError>),
 }
 
 fn unix_ms() -> u64 {
@@ -291,7 +291,7 @@ where
             }
             Err(e) if isolate => {
                 tracing::warn!(job = %d.job_id, segment = d.segment.index, attempt = d.attempt, error = %e, "segment failed");
-                queue.fail(d.ticket, e.kind(), &e.to_string()).await?;
+                queue.fail(d.ticket, &e.failure()).await?;
             }
             Err(e) => {
                 let _ = queue.requeue(d.ticket).await;
@@ -316,7 +316,7 @@ async fn absorb<Q: SegmentQueue>(
             Ok(())
         }
         Err(Failed::Fatal(e)) => Err(e),
-        Err(Failed::Segment(d, e)) => Ok(queue.fail(d.ticket, e.kind(), &e.to_string()).await?),
+        Err(Failed::Segment(d, e)) => Ok(queue.fail(d.ticket, &e.failure()).await?),
     }
 }
 
@@ -362,7 +362,7 @@ where
                                 let d = r.map_err(|e| Failed::Fatal(e.into()))?;
                                 match ps.prepare(d.segment.clone()) {
                                     Ok(p) => Ok((p, d)),
-                                    Err(e) if isolate => Err(Failed::Segment(d, e)),
+                                    Err(e) if isolate => Err(Failed::Segment(d, Box::new(e))),
                                     Err(e) => Err(Failed::Fatal(e)),
                                 }
                             })

@@ -200,11 +200,24 @@ impl S3Error {
             _ => "store_io",
         }
     }
+
+    /// How an operation that failed with this error is retried: settings or audio that
+    /// cannot work never will; the store being away, refusing or timing out is an outage.
+    pub fn retry_class(&self) -> narrator_core::RetryClass {
+        use narrator_core::RetryClass;
+        match self {
+            S3Error::Config { .. } | S3Error::Audio { .. } | S3Error::LocalIo { .. } => {
+                RetryClass::Permanent
+            }
+            S3Error::NotFound { .. } => RetryClass::Transient,
+            _ => RetryClass::Infrastructure,
+        }
+    }
 }
 
 impl From<S3Error> for SeamError {
     fn from(e: S3Error) -> Self {
-        SeamError::new(e.kind(), e.to_string(), e)
+        SeamError::new(e.kind(), e.retry_class(), e.to_string(), e)
     }
 }
 
@@ -459,6 +472,68 @@ impl S3AudioStore {
             .await
             .map_err(|e| self.classify("put_object", key, e))?;
         Ok(())
+    }
+
+    /// Deletes `key` (deleting a missing object is not an error).
+    pub async fn delete(&self, key: &str) -> Result<(), S3Error> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| self.classify("delete_object", key, e))?;
+        Ok(())
+    }
+
+    /// The keys under `prefix`, in key order.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, S3Error> {
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let out = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| self.classify("list_objects_v2", prefix, e))?;
+            keys.extend(
+                out.contents()
+                    .iter()
+                    .filter_map(|o| o.key().map(str::to_owned)),
+            );
+            match out.next_continuation_token() {
+                Some(t) if out.is_truncated() == Some(true) => token = Some(t.to_owned()),
+                _ => break,
+            }
+        }
+        Ok(keys)
+    }
+
+    /// `{prefix}jobs/{job}/segments/` and `{prefix}jobs/{job}/packs/`: where a job's
+    /// intermediate audio lives (the outputs are under `out/`).
+    pub fn intermediate_prefixes(&self, job: &str) -> [String; 2] {
+        [
+            format!("{}jobs/{job}/segments/", self.prefix),
+            format!("{}jobs/{job}/packs/", self.prefix),
+        ]
+    }
+
+    /// Deletes every intermediate object of `job` (segments and packs, including any a
+    /// crashed worker stored but never recorded); returns how many. Run once the job's
+    /// outputs are stored.
+    pub async fn delete_intermediates(&self, job: &str) -> Result<usize, S3Error> {
+        let mut n = 0;
+        for prefix in self.intermediate_prefixes(job) {
+            for key in self.list(&prefix).await? {
+                self.delete(&key).await?;
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// The object's size, or `None` when it does not exist.
@@ -718,19 +793,16 @@ impl AudioStore for S3AudioStore {
         Ok(self.put_file(&self.output_key(job, name), file).await?)
     }
 
-    /// One segment: under its own key. Several: one pack object, one PUT.
+    /// One object per call, under a key of its own (a pack, even of one segment): two
+    /// copies of a segment (a duplicate delivery) never overwrite each other, and the
+    /// record that wins points at exactly the audio it describes.
     async fn put_segments(
         &self,
         job: &str,
         items: &[(u32, &SegmentAudio)],
     ) -> Result<Vec<Option<PackedAt>>, SeamError> {
-        match items {
-            [] => return Ok(Vec::new()),
-            [(index, audio)] => {
-                self.put_segment(job, *index, audio).await?;
-                return Ok(vec![None]);
-            }
-            _ => {}
+        if items.is_empty() {
+            return Ok(Vec::new());
         }
         let first = items.iter().map(|(i, _)| *i).min().unwrap_or(0);
         let key = self.pack_key(job, first, items.len());
@@ -757,6 +829,13 @@ impl AudioStore for S3AudioStore {
 
     async fn get_pack(&self, _job: &str, key: &str) -> Result<Vec<u8>, SeamError> {
         Ok(self.get_bytes(key).await?)
+    }
+
+    async fn discard(&self, _job: &str, keys: &[String]) -> Result<(), SeamError> {
+        for key in keys {
+            self.delete(key).await?;
+        }
+        Ok(())
     }
 }
 

@@ -125,14 +125,36 @@ async fn several_segments_go_into_one_pack_object() {
     // The same segments stored again (a redelivery) get a pack of their own.
     let again = store.put_segments(&job, &items).await.unwrap();
     assert_ne!(again[0].as_ref().unwrap().key, key);
-    // One segment alone is stored under its own key.
+    // One segment alone is a pack of one, under a key of its own too: two copies of a
+    // segment never overwrite each other.
     let one = store.put_segments(&job, &[(4, &clips[0])]).await.unwrap();
-    assert_eq!(one, [None]);
-    assert_eq!(store.get_segment(&job, 4).await.unwrap(), clips[0]);
+    let one_key = one[0].as_ref().expect("a pack of one").key.clone();
+    let twice = store.put_segments(&job, &[(4, &clips[0])]).await.unwrap();
+    assert_ne!(twice[0].as_ref().unwrap().key, one_key);
     // A missing pack is a store_io error that names it.
     let err = store.get_pack(&job, "nope/pack.wavs").await.unwrap_err();
     assert_eq!(err.kind, "store_io");
+    assert_eq!(err.class, narrator_core::RetryClass::Transient);
     assert!(err.message.contains("nope/pack.wavs"), "{}", err.message);
+    // A discarded copy is gone; the intermediates of a job are deleted in one call.
+    store
+        .discard(&job, std::slice::from_ref(&one_key))
+        .await
+        .unwrap();
+    assert_eq!(store.head(&one_key).await.unwrap(), None);
+    let left = store.intermediate_prefixes(&job);
+    let before: usize = {
+        let mut n = 0;
+        for p in &left {
+            n += store.list(p).await.unwrap().len();
+        }
+        n
+    };
+    assert_eq!(before, 3, "two packs of three and the second pack of one");
+    assert_eq!(store.delete_intermediates(&job).await.unwrap(), 3);
+    for p in &left {
+        assert!(store.list(p).await.unwrap().is_empty());
+    }
 }
 
 #[tokio::test]

@@ -274,6 +274,14 @@ pub(crate) struct WorkerArgs {
     /// this many seconds (the outbox reconciler).
     #[arg(long, default_value_t = 30)]
     pub(crate) reconcile_after: u64,
+    /// Seconds without progress after which a job's missing segments are published
+    /// again (the stuck-job watchdog; only while its voice's queue holds nothing ready).
+    #[arg(long, env = "NARRATOR_LEASE", default_value_t = 300)]
+    pub(crate) lease: u64,
+    /// Keep a finished job's segment audio and packs in S3 (for debugging) instead of
+    /// deleting them once its outputs are stored.
+    #[arg(long, env = "NARRATOR_KEEP_INTERMEDIATES")]
+    pub(crate) keep_intermediates: bool,
     /// Seconds between heartbeats; another worker takes over an assembly whose
     /// assembler missed heartbeats for 6 times this.
     #[arg(long, default_value_t = 5)]

@@ -8,7 +8,7 @@ use narrator_broker::Publisher;
 use narrator_db::{JobState, JobStatus, RetryOutcome};
 
 use crate::cli::{JobArgs, JobsArgs, MigrateArgs, StatusArgs, WorkersArgs};
-use crate::cluster::{self, PRESIGN_FOR, submit::publish_segments};
+use crate::cluster::{self, PRESIGN_FOR};
 use crate::progress::hms;
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -48,6 +48,9 @@ fn print_status(st: &JobStatus, outputs: &[(narrator_db::Output, Option<String>)
     );
     if let (Some(kind), Some(reason)) = (&s.failure_kind, &s.failure_reason) {
         println!("failure ({kind}): {reason}");
+    }
+    if let Some(w) = &st.waiting {
+        println!("waiting: {w}");
     }
     for c in &st.chapters {
         println!(
@@ -221,7 +224,9 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
         let channel = conn.create_channel().await?;
         narrator_broker::declare(&channel, &voice).await?;
         let publisher = Publisher::new(&conn).await?;
-        publish_segments(&pool, &publisher, job, &voice, &segments).await?;
+        let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
+        narrator_worker::publish_segments(&pool, &publisher, &cluster_id, job, &voice, &segments)
+            .await?;
         let _ = conn.close(200, "done".into()).await;
     }
     println!(

@@ -6,18 +6,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use narrator_audio::AudioFormat;
-use narrator_broker::{Publisher, SegmentMessage};
-use narrator_core::{JobPlan, Segment};
-use narrator_db::{JobSettings, PgPool, Uuid};
+use narrator_broker::Publisher;
+use narrator_core::JobPlan;
+use narrator_db::JobSettings;
 use narrator_pipeline::{AudioIdentity, plan_job};
 
 use crate::cli::SubmitArgs;
 use crate::cluster;
 use crate::paths::Paths;
 use crate::run::{file_stem, identity_digest, load_options};
-
-/// Messages per publish round trip (and per `mark_published` update).
-pub(crate) const PUBLISH_CHUNK: usize = 1000;
 
 const BOOK_EXTENSIONS: [&str; 5] = ["txt", "md", "markdown", "epub", "text"];
 
@@ -71,29 +68,6 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Publishes `segments` of `job` in chunks, marking each confirmed chunk published.
-pub(crate) async fn publish_segments(
-    pool: &PgPool,
-    publisher: &Publisher,
-    job: Uuid,
-    voice: &str,
-    segments: &[Segment],
-) -> anyhow::Result<()> {
-    for chunk in segments.chunks(PUBLISH_CHUNK) {
-        let messages: Vec<SegmentMessage> = chunk
-            .iter()
-            .map(|s| SegmentMessage::new(job.to_string(), voice, s.clone()))
-            .collect();
-        publisher
-            .publish_batch(&messages)
-            .await
-            .with_context(|| format!("publishing job {job}"))?;
-        let indices: Vec<u32> = chunk.iter().map(|s| s.index).collect();
-        narrator_db::mark_published(pool, job, &indices).await?;
-    }
-    Ok(())
-}
-
 /// `narrator submit`.
 pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()> {
     let format: AudioFormat = args.format.parse()?;
@@ -139,6 +113,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
         .context("opening a RabbitMQ channel")?;
     narrator_broker::declare(&channel, &voice.name).await?;
     let publisher = Publisher::new(&conn).await?;
+    let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
     for plan in &plans {
         let job = narrator_db::create_job(&pool, plan, format.extension(), args.priority).await?;
         narrator_db::set_settings(&pool, job, &settings).await?;
@@ -146,8 +121,15 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             // Fault injection for the outbox test: die like a killed producer would.
             std::process::abort();
         }
-        publish_segments(&pool, &publisher, job, &voice.name, &plan.segments)
-            .await
+        narrator_worker::publish_segments(
+            &pool,
+            &publisher,
+            &cluster_id,
+            job,
+            &voice.name,
+            &plan.segments,
+        )
+        .await
             .with_context(|| {
                 format!(
                     "job {job} is recorded; its unpublished segments will be enqueued by a worker's reconciler"

@@ -1,342 +1,17 @@
-//! The distributed mode end to end, with everything real: RabbitMQ (127.0.0.1:5672),
-//! Postgres (NARRATOR_DATABASE_URL's server; each test makes its own database), the S3
-//! test server (`bash ops/s3-server.sh start`), the `narrator` binary as producer and
-//! workers, and the real voice where the test is about synthesis. `bash ops/test.sh`
-//! starts the services and sets the environment.
-//!
-//! All tests share the voice's work queue, so they run one at a time (a lock), each
-//! starting from an empty queue and a fresh database.
+//! The distributed mode end to end, with everything real: RabbitMQ (127.0.0.1:5672, a
+//! vhost per test), Postgres (NARRATOR_DATABASE_URL's server; each test makes its own
+//! database), the S3 test server (`bash ops/s3-server.sh start`), the `narrator` binary
+//! as producer and workers, and the real voice where the test is about synthesis.
+//! `bash ops/test.sh` starts the services and sets the environment; the shared set-up
+//! is `narrator_test_support`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::types::FieldTable;
 use narrator_broker::{DEAD_LETTER_QUEUE, DEAD_REASON_HEADER, SegmentMessage};
-use narrator_db::{JobState, PgPool, Uuid};
-
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-const VOICE: &str = "en_US-joe-medium";
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_string())
-}
-
-fn admin_url() -> String {
-    std::env::var("NARRATOR_DATABASE_URL")
-        .or_else(|_| std::env::var("DATABASE_URL"))
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn amqp_url() -> String {
-    env_or("NARRATOR_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
-}
-
-/// One test's world: its database, an empty work queue, its worker processes.
-struct World {
-    rt: tokio::runtime::Runtime,
-    db_url: String,
-    db_name: String,
-    pool: PgPool,
-    workers: Vec<Child>,
-    tmp: tempfile::TempDir,
-    _serial: std::sync::MutexGuard<'static, ()>,
-}
-
-impl World {
-    fn new() -> Self {
-        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        assert!(
-            std::env::var("NARRATOR_S3_ENDPOINT").is_ok(),
-            "NARRATOR_S3_ENDPOINT is not set: run `bash ops/s3-server.sh start` and \
-             `eval \"$(bash ops/s3-server.sh env)\"` (bash ops/test.sh does both)"
-        );
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let db_name = format!("narrator_cli_{}", Uuid::new_v4().simple());
-        let admin = admin_url();
-        let db_url = match admin.rfind('/') {
-            Some(i) if admin[..i].contains("://") && admin[i..].len() > 1 => {
-                format!("{}/{db_name}", &admin[..i])
-            }
-            _ => panic!("cannot derive a database URL from {admin}"),
-        };
-        let pool = rt.block_on(async {
-            let admin_pool = narrator_db::connect(&admin).await.expect("admin database");
-            sqlx::query(&format!("CREATE DATABASE {db_name}"))
-                .execute(&admin_pool)
-                .await
-                .expect("create database");
-            admin_pool.close().await;
-            // Leftovers of other tests must not be consumed by this one's workers.
-            let conn = narrator_broker::connect(&amqp_url()).await.expect("amqp");
-            let ch = conn.create_channel().await.expect("channel");
-            narrator_broker::declare(&ch, VOICE).await.expect("declare");
-            ch.queue_purge(
-                narrator_broker::work_queue(VOICE).as_str().into(),
-                Default::default(),
-            )
-            .await
-            .expect("purge");
-            let _ = conn.close(200, "ok".into()).await;
-            narrator_db::connect(&db_url).await.expect("test database")
-        });
-        let world = Self {
-            rt,
-            db_url,
-            db_name,
-            pool,
-            workers: Vec::new(),
-            tmp: tempfile::tempdir().expect("tmp"),
-            _serial: serial,
-        };
-        let out = world.ok(&["migrate"]);
-        assert!(String::from_utf8_lossy(&out.stdout).contains("up to date"));
-        world
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_narrator"));
-        c.env("NARRATOR_DATA_DIR", Path::new(ROOT).join(".deps"))
-            .env("NARRATOR_DATABASE_URL", &self.db_url)
-            .env_remove("NARRATOR_TEST_FAIL_TEXT")
-            .env_remove("NARRATOR_TEST_FAIL_ONCE")
-            .env_remove("NARRATOR_TEST_CRASH_AFTER_COMMIT")
-            .env_remove("NARRATOR_VOICE");
-        c
-    }
-
-    fn ok(&self, args: &[&str]) -> Output {
-        let out = self.cmd().args(args).output().expect("spawn narrator");
-        assert!(
-            out.status.success(),
-            "narrator {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
-    }
-
-    /// Fails with exactly one line on stderr and no panic; returns that line.
-    fn err(&self, args: &[&str]) -> String {
-        let out = self.cmd().args(args).output().expect("spawn narrator");
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(!out.status.success(), "{args:?} should fail: {err}");
-        assert!(!err.contains("panicked"), "panic: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-        err
-    }
-
-    /// Starts a worker and waits for its "ready" line; stderr goes to a file.
-    fn worker(&mut self, id: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
-        let log = self.tmp.path().join(format!("{id}.log"));
-        let file = std::fs::File::create(&log).expect("log");
-        let mut c = self.cmd();
-        c.args(["--log", "info", "worker", "--id", id, "--heartbeat", "1"])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(file);
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let child = c.spawn().expect("spawn worker");
-        self.workers.push(child);
-        let i = self.workers.len() - 1;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if text.contains(" ready") {
-                return i;
-            }
-            if let Ok(Some(status)) = self.workers[i].try_wait() {
-                panic!("worker {id} exited with {status}: {text}");
-            }
-            assert!(Instant::now() < deadline, "worker {id} not ready: {text}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn worker_log(&self, id: &str) -> String {
-        std::fs::read_to_string(self.tmp.path().join(format!("{id}.log"))).unwrap_or_default()
-    }
-
-    fn book(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.tmp.path().join(name);
-        std::fs::write(&p, text).expect("book");
-        p
-    }
-
-    fn submit(&self, book: &Path, extra: &[&str]) -> Uuid {
-        let mut args = vec!["submit", book.to_str().expect("utf8"), "--json"];
-        args.extend_from_slice(extra);
-        let out = self.ok(&args);
-        let line = String::from_utf8_lossy(&out.stdout).to_string();
-        let v: serde_json::Value = serde_json::from_str(line.trim()).expect("submit JSON");
-        v["job_id"].as_str().expect("job_id").parse().expect("uuid")
-    }
-
-    fn status(&self, job: Uuid) -> serde_json::Value {
-        let out = self.ok(&["status", &job.to_string(), "--json"]);
-        serde_json::from_slice(&out.stdout).expect("status JSON")
-    }
-
-    fn state(&self, job: Uuid) -> JobState {
-        self.rt
-            .block_on(narrator_db::job_status(&self.pool, job))
-            .expect("job_status")
-            .expect("job exists")
-            .summary
-            .state
-    }
-
-    fn wait_state(&self, job: Uuid, want: JobState, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            let state = self.state(job);
-            if state == want {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "job {job} is {state:?}, wanted {want:?}; status: {}",
-                self.status(job)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn done_count(&self, job: Uuid) -> u32 {
-        self.rt
-            .block_on(narrator_db::job_status(&self.pool, job))
-            .expect("status")
-            .expect("job")
-            .summary
-            .segments_done
-    }
-
-    fn queue_ready(&self, queue: &str) -> u32 {
-        self.rt.block_on(async {
-            let conn = narrator_broker::connect(&amqp_url()).await.expect("amqp");
-            let ch = conn.create_channel().await.expect("channel");
-            let q = ch
-                .queue_declare(
-                    queue.into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .expect("passive declare");
-            let _ = conn.close(200, "ok".into()).await;
-            q.message_count()
-        })
-    }
-
-    fn s3_get(&self, key: &str) -> Vec<u8> {
-        self.rt.block_on(async {
-            let store = narrator_s3::S3AudioStore::connect(narrator_s3::S3Config {
-                endpoint: std::env::var("NARRATOR_S3_ENDPOINT").ok(),
-                bucket: env_or("NARRATOR_S3_BUCKET", "narrator"),
-                ..Default::default()
-            })
-            .await
-            .expect("s3");
-            store.get_bytes(key).await.expect("s3 get")
-        })
-    }
-
-    fn manifest(&self, job: Uuid) -> serde_json::Value {
-        let key = output_key(&self.status(job), "manifest");
-        serde_json::from_slice(&self.s3_get(&key)).expect("manifest JSON")
-    }
-
-    fn stop(&mut self, i: usize, signal: i32) -> std::process::ExitStatus {
-        let pid = self.workers[i].id();
-        // SAFETY-free: kill(1) keeps this test free of unsafe code.
-        let sig = if signal == 9 { "-KILL" } else { "-TERM" };
-        let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(Some(s)) = self.workers[i].try_wait() {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "worker did not exit");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        for w in &mut self.workers {
-            let _ = w.kill();
-            let _ = w.wait();
-        }
-        let pool = self.pool.clone();
-        let name = self.db_name.clone();
-        let admin = admin_url();
-        self.rt.block_on(async move {
-            pool.close().await;
-            if let Ok(p) = narrator_db::connect(&admin).await {
-                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .execute(&p)
-                    .await;
-            }
-        });
-    }
-}
-
-/// A Markdown book of `chapters` chapters of `sentences` distinct sentences each.
-fn book_text(chapters: usize, sentences: usize, extra: Option<(usize, &str)>) -> String {
-    let mut s = String::from("# A Test of the Distributed Mode\n\n");
-    let mut n = 0;
-    for c in 1..=chapters {
-        s.push_str(&format!("## Chapter {c}\n\n"));
-        for i in 0..sentences {
-            n += 1;
-            match extra {
-                Some((at, text)) if at == n => s.push_str(&format!("{text} ")),
-                _ => s.push_str(&format!(
-                    "Sentence number {n} of chapter {c} is here, line {i}. "
-                )),
-            }
-            if i % 3 == 2 {
-                s.push_str("\n\n");
-            }
-        }
-        s.push_str("\n\n");
-    }
-    s
-}
-
-/// The S3 key of a job's output of `kind` (book, manifest, ...), from its status JSON.
-fn output_key(status: &serde_json::Value, kind: &str) -> String {
-    status["outputs"]
-        .as_array()
-        .expect("outputs")
-        .iter()
-        .find(|o| o["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} output: {status}"))["key"]
-        .as_str()
-        .expect("key")
-        .to_string()
-}
-
-fn indices(manifest: &serde_json::Value) -> Vec<u64> {
-    manifest["segments"]
-        .as_array()
-        .expect("segments")
-        .iter()
-        .map(|s| s["index"].as_u64().expect("index"))
-        .collect()
-}
+use narrator_db::{JobState, Uuid};
+use narrator_test_support::{VOICE, World, book_text, indices, output_key, root};
 
 #[test]
 fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
@@ -419,7 +94,7 @@ fn a_redelivered_finished_segment_is_neither_synthesized_nor_counted_again() {
     // Deliver every segment again, as a broker does after a worker died before its acks.
     w.rt.block_on(async {
         let stored = narrator_db::load_job(&w.pool, job).await.expect("job");
-        let conn = narrator_broker::connect(&amqp_url()).await.expect("amqp");
+        let conn = narrator_broker::connect(&w.amqp_url).await.expect("amqp");
         let publisher = narrator_broker::Publisher::new(&conn)
             .await
             .expect("publisher");
@@ -514,7 +189,7 @@ fn segments_a_crashed_producer_never_published_are_published_by_the_reconciler()
 /// Takes the dead letter of `job` from `narrator.dead` (others are left there).
 fn take_dead_letter(w: &World, job: Uuid) -> Option<FieldTable> {
     w.rt.block_on(async {
-        let conn = narrator_broker::connect(&amqp_url()).await.expect("amqp");
+        let conn = narrator_broker::connect(&w.amqp_url).await.expect("amqp");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while tokio::time::Instant::now() < deadline {
             let ch = conn.create_channel().await.expect("channel");
@@ -630,7 +305,7 @@ fn a_cancelled_job_gets_no_more_work() {
 #[test]
 fn sigterm_finishes_the_batch_in_flight_and_exits_cleanly() {
     let mut w = World::new();
-    let sample = Path::new(ROOT).join("examples/sample.md");
+    let sample = root().join("examples/sample.md");
     let worker = w.worker("draining", &[], &[]);
     let job = w.submit(&sample, &["--format", "wav"]);
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -686,8 +361,8 @@ fn commands_fail_with_one_clear_line_and_never_print_secrets() {
     let err = w.err(&["submit", empty.to_str().expect("utf8")]);
     assert!(err.contains("holds no books"), "{err}");
     // An unmigrated database is named, with the fix.
-    let bare = format!("{}_bare", w.db_name);
-    let bare_url = w.db_url.replace(&w.db_name, &bare);
+    let bare = format!("narrator_bare_{}", Uuid::new_v4().simple());
+    let bare_url = narrator_test_support::database_url(&bare);
     w.rt.block_on(async {
         sqlx::query(&format!("CREATE DATABASE {bare}"))
             .execute(&w.pool)
@@ -775,12 +450,13 @@ fn segments_finished_together_are_stored_in_packs_and_assemble_exactly() {
     assert!((seconds - want).abs() < 0.01, "{seconds} vs {want}");
     assert!(w.stop(worker, 15).success());
 
-    // --pack-max 1: every segment under its own key, as before packs.
+    // --pack-max 1: every segment in an object of its own (a pack of one, under a key
+    // no other copy of it can overwrite).
     let single = w.worker("single", &["--engine", "null", "--pack-max", "1"], &[]);
     let book = w.book("single.md", &book_text(1, 30, None));
     let job = w.submit(&book, &["--format", "wav"]);
     w.ok(&["status", &job.to_string(), "--wait"]);
-    assert_eq!(packs(&w, job), (0, 0));
+    assert_eq!(packs(&w, job), (30, 30));
     assert_eq!(indices(&w.manifest(job)), (0..30).collect::<Vec<_>>());
     assert!(w.stop(single, 15).success());
     let out = w
@@ -876,35 +552,6 @@ fn a_transient_failure_is_retried_through_the_delay_queue_and_succeeds() {
 }
 
 /// `rabbitmqctl`'s view of every channel with a consumer: (prefetch, unacknowledged).
-fn consumer_holdings() -> Vec<(u64, u64)> {
-    let out = Command::new("rabbitmqctl")
-        .args([
-            "-q",
-            "--no-table-headers",
-            "list_channels",
-            "prefetch_count",
-            "messages_unacknowledged",
-            "consumer_count",
-        ])
-        .output()
-        .expect("rabbitmqctl (the broker's own CLI) must be runnable for this test");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let n: Vec<u64> = l
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            (n.len() == 3 && n[2] > 0).then(|| (n[0], n[1]))
-        })
-        .collect()
-}
-
 fn worker_plan(w: &World, id: &str) -> serde_json::Value {
     let out = w.ok(&["workers", "--json"]);
     let workers: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
@@ -938,7 +585,7 @@ fn two_workers_with_different_plans_pull_in_proportion_and_hold_only_their_prefe
     let deadline = Instant::now() + Duration::from_secs(120);
     while w.state(job) != JobState::Done {
         assert!(Instant::now() < deadline, "job not done: {}", w.status(job));
-        samples.extend(consumer_holdings());
+        samples.extend(w.consumer_holdings());
     }
     assert!(samples.len() >= 2, "{samples:?}");
     for &(prefetch, unacked) in &samples {

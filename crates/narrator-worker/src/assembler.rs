@@ -1,0 +1,280 @@
+//! Assembly: exactly one worker builds a finished job's outputs (chapters, whole book,
+//! `manifest.json`) into S3 and marks it done. A claim names the claimer's process
+//! instance, so a dead assembler's job is taken over even when its worker id comes back
+//! in a new process. A transient failure (the database or the store away, a full temp
+//! disk) puts the job back to be assembled again after a backoff; only a permanent cause
+//! ends it `failed`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use narrator_audio::{AudioFormat, Pauses};
+use narrator_core::RetryClass;
+use narrator_db::{Output, PgPool, Uuid};
+use narrator_pipeline::{AssembleOptions, assemble};
+use narrator_s3::S3AudioStore;
+use tokio::sync::{mpsc, watch};
+
+/// Transient assembly failures tolerated before the job fails (outages of a service do
+/// not count: they are retried until the service is back).
+pub const MAX_TRANSIENT_ASSEMBLIES: u32 = 8;
+
+/// What the assembler works with.
+pub struct Assembler {
+    /// The database.
+    pub pool: PgPool,
+    /// The bucket.
+    pub store: S3AudioStore,
+    /// This worker's id.
+    pub worker: String,
+    /// This process's instance.
+    pub instance: Uuid,
+    /// A claim whose claimer's row is older than this is taken over.
+    pub stale: Duration,
+    /// Keep segment audio and packs once the outputs are stored.
+    pub keep_intermediates: bool,
+}
+
+/// Why an assembly did not finish, with how to retry it.
+#[derive(Debug)]
+pub struct AssemblyFailure {
+    /// How to retry it.
+    pub class: RetryClass,
+    /// One line.
+    pub message: String,
+}
+
+impl AssemblyFailure {
+    fn new(class: RetryClass, e: impl std::fmt::Display) -> Self {
+        Self {
+            class,
+            message: e.to_string().replace('\n', " "),
+        }
+    }
+}
+
+fn db(e: narrator_db::DbError) -> AssemblyFailure {
+    AssemblyFailure::new(e.retry_class(), e)
+}
+
+/// Builds one job's outputs (the caller holds its assembly claim) and marks it done;
+/// then deletes its intermediates unless asked to keep them.
+pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailure> {
+    let (pool, store) = (&a.pool, &a.store);
+    let started = Instant::now();
+    let stored = narrator_db::load_job(pool, job).await.map_err(db)?;
+    let records = narrator_db::finished_segments(pool, job)
+        .await
+        .map_err(db)?;
+    let loaded = started.elapsed();
+    if records.len() != stored.plan.segments.len() {
+        return Err(AssemblyFailure::new(
+            RetryClass::Permanent,
+            format!(
+                "job {job} has {} of {} segments recorded",
+                records.len(),
+                stored.plan.segments.len()
+            ),
+        ));
+    }
+    let format: AudioFormat = stored
+        .format
+        .parse()
+        .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?;
+    let wall_before = narrator_db::job_status(pool, job)
+        .await
+        .map_err(db)?
+        .and_then(|s| s.summary.wall_seconds)
+        .unwrap_or(0.0);
+    let staging = tempfile::Builder::new()
+        .prefix("narrator-assemble-")
+        .tempdir()
+        .map_err(|e| {
+            AssemblyFailure::new(
+                RetryClass::Infrastructure,
+                format!("creating a staging folder for assembly: {e}"),
+            )
+        })?;
+    let opts = AssembleOptions {
+        format,
+        pauses: Pauses {
+            sentence_ms: stored.settings.sentence_pause_ms,
+            paragraph_ms: stored.settings.paragraph_pause_ms,
+            chapter_ms: stored.settings.chapter_pause_ms,
+        },
+        staging: staging.path().to_path_buf(),
+    };
+    let plan = stored.plan;
+    let shared = Arc::new(store.clone());
+    let manifest = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(assemble(
+            &plan,
+            &records,
+            &shared,
+            &opts,
+            wall_before,
+        ))
+    })
+    .map_err(|e| AssemblyFailure::new(e.retry_class(), format!("assembly failed: {e}")))?;
+    let job_text = job.to_string();
+    let size = |name: &str| {
+        std::fs::metadata(staging.path().join(name))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    };
+    let mut outputs = vec![Output {
+        key: store.output_key(&job_text, &manifest.book.file),
+        kind: "book".into(),
+        name: manifest.book.file.clone(),
+        seconds: manifest.book.seconds,
+        bytes: size(&manifest.book.file),
+    }];
+    outputs.extend(manifest.chapters.iter().map(|c| Output {
+        key: store.output_key(&job_text, &c.file),
+        kind: "chapter".into(),
+        name: c.file.clone(),
+        seconds: c.seconds,
+        bytes: size(&c.file),
+    }));
+    outputs.push(Output {
+        key: store.output_key(&job_text, "manifest.json"),
+        kind: "manifest".into(),
+        name: "manifest.json".into(),
+        seconds: 0.0,
+        bytes: size("manifest.json"),
+    });
+    let built = started.elapsed();
+    let finished = narrator_db::finish_with_outputs(pool, job, manifest.audio_seconds, &outputs)
+        .await
+        .map_err(db)?;
+    if !finished {
+        tracing::warn!(%job, "assembled, but the job was no longer assembling (cancelled?)");
+    }
+    tracing::info!(
+        %job,
+        segments = records.len(),
+        load_s = loaded.as_secs_f64(),
+        build_s = (built - loaded).as_secs_f64(),
+        record_s = (started.elapsed() - built).as_secs_f64(),
+        "assembled"
+    );
+    if finished && !a.keep_intermediates {
+        // The outputs are stored and recorded: segment audio and packs (also those of
+        // duplicates and of workers that died before recording) are no longer needed.
+        match store.delete_intermediates(&job_text).await {
+            Ok(n) => tracing::info!(%job, objects = n, "intermediates deleted"),
+            Err(e) => tracing::warn!(%job, error = %e, "cannot delete the job's intermediates"),
+        }
+    }
+    Ok(())
+}
+
+/// What happens to a job whose assembly failed: failed for good, or postponed. This
+/// process holds the claim, so nobody else would take the job over while it lives: when
+/// the database is away too, it keeps trying (with backoff) until it is back or the
+/// worker stops (then the claim goes stale and another worker takes it).
+async fn settle_failure(
+    a: &Assembler,
+    job: Uuid,
+    failure: AssemblyFailure,
+    stop: &mut watch::Receiver<bool>,
+) {
+    let mut tries = 0;
+    loop {
+        match try_settle(a, job, &failure).await {
+            Ok(()) => return,
+            Err(e) => {
+                tries += 1;
+                if tries == 1 {
+                    tracing::warn!(%job, error = %e, "cannot record the assembly's failure; trying until the database is back");
+                }
+                tokio::select! {
+                    _ = stop.wait_for(|v| *v) => return,
+                    _ = tokio::time::sleep(crate::backoff(tries)) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn try_settle(
+    a: &Assembler,
+    job: Uuid,
+    failure: &AssemblyFailure,
+) -> Result<(), narrator_db::DbError> {
+    let pool = &a.pool;
+    let attempts = narrator_db::assembly_attempts(pool, job).await? + 1;
+    let give_up = match failure.class {
+        RetryClass::Permanent | RetryClass::Malformed => true,
+        RetryClass::Transient => attempts >= MAX_TRANSIENT_ASSEMBLIES,
+        RetryClass::Infrastructure => false,
+    };
+    if give_up {
+        let reason = format!(
+            "{}; run `narrator retry {job}` to assemble again",
+            failure.message
+        );
+        tracing::warn!(%job, %reason, "assembly failed for good");
+        narrator_db::fail_job(pool, job, "assembly", &reason).await?;
+        return Ok(());
+    }
+    let after = crate::backoff(attempts);
+    tracing::warn!(%job, attempt = attempts, retry_in_s = after.as_secs_f64(), class = failure.class.as_str(),
+        error = %failure.message, "assembly failed for now; it will be tried again");
+    narrator_db::postpone_assembly(pool, job, &failure.message, after).await?;
+    Ok(())
+}
+
+/// Assembles every job it is told about (if it wins the claim) and, every few seconds,
+/// the jobs it takes over: unclaimed finished jobs, postponed ones whose time has come,
+/// and claims of processes that are gone.
+pub(crate) async fn assembler(
+    a: Assembler,
+    mut complete: mpsc::UnboundedReceiver<Uuid>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut sweep = tokio::time::interval(a.stale.min(Duration::from_secs(5)));
+    loop {
+        enum Wake {
+            Stop,
+            Job(Uuid),
+            Sweep,
+        }
+        let wake = tokio::select! {
+            biased;
+            _ = stop.wait_for(|v| *v) => Wake::Stop,
+            Some(job) = complete.recv() => Wake::Job(job),
+            _ = sweep.tick() => Wake::Sweep,
+        };
+        let jobs = match wake {
+            Wake::Stop => return,
+            Wake::Job(job) => {
+                match narrator_db::claim_assembly_for(&a.pool, job, &a.worker, a.instance).await {
+                    Ok(true) => vec![job],
+                    Ok(false) => vec![],
+                    Err(e) => {
+                        tracing::warn!(%job, error = %e, "cannot claim assembly; a sweep will");
+                        vec![]
+                    }
+                }
+            }
+            Wake::Sweep => {
+                if let Err(e) = narrator_db::fail_settled_jobs(&a.pool).await {
+                    tracing::debug!(error = %e, "cannot end jobs with failed segments");
+                }
+                narrator_db::take_over_assemblies(&a.pool, &a.worker, a.instance, a.stale)
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::debug!(error = %e, "assembly sweep failed");
+                        vec![]
+                    })
+            }
+        };
+        for job in jobs {
+            tracing::info!(%job, "assembling");
+            if let Err(failure) = assemble_job(&a, job).await {
+                settle_failure(&a, job, failure, &mut stop).await;
+            }
+        }
+    }
+}

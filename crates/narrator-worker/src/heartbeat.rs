@@ -1,0 +1,138 @@
+//! The worker's row in `workers`: hardware, per voice the plan with the budget now, the
+//! failures and fallback, the device-busy fraction, and the process instance that makes
+//! assembly claims safe when an id is reused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use narrator_db::{PgPool, Uuid, WorkerInfo};
+use tokio::sync::watch;
+
+/// One voice's engine, as the heartbeat reports it.
+pub(crate) struct Report {
+    pub(crate) voice: String,
+    pub(crate) engine: String,
+    pub(crate) prefetch: u16,
+    pub(crate) base: serde_json::Value,
+    pub(crate) synth: Arc<narrator_pipeline::Synthesizer>,
+}
+
+/// What the worker says about itself at each heartbeat: the hardware profile, and per
+/// voice the plan with the budget now (halved by out-of-memory failures), those failures,
+/// a fallback to CPU, and the device-busy fraction since the last beat.
+pub struct Describe {
+    id: String,
+    host: String,
+    device: String,
+    hardware: serde_json::Value,
+    instance: Uuid,
+    reports: Vec<Report>,
+    /// (when, busy seconds per voice) at the last beat.
+    last: std::sync::Mutex<Option<(std::time::Instant, Vec<f64>)>>,
+}
+
+impl Describe {
+    pub(crate) fn new(
+        id: String,
+        host: String,
+        device: String,
+        hardware: serde_json::Value,
+        instance: Uuid,
+        reports: Vec<Report>,
+    ) -> Self {
+        Self {
+            id,
+            host,
+            device,
+            hardware,
+            instance,
+            reports,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The row the next heartbeat writes.
+    pub fn info(&self) -> WorkerInfo {
+        let now = std::time::Instant::now();
+        let stats: Vec<_> = self.reports.iter().map(|r| r.synth.stats()).collect();
+        // Busy session-seconds per session: the fraction of the device's sessions in use.
+        let busy: Vec<f64> = stats
+            .iter()
+            .zip(&self.reports)
+            .map(|(s, r)| s.busy_seconds / r.synth.pool().sessions().max(1) as f64)
+            .collect();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let fractions: Vec<Option<f64>> = match &*last {
+            Some((at, before)) => {
+                let wall = now.duration_since(*at).as_secs_f64();
+                busy.iter()
+                    .zip(before)
+                    .map(|(b, a)| (wall > 0.0).then(|| ((b - a) / wall).clamp(0.0, 1.0)))
+                    .collect()
+            }
+            None => vec![None; busy.len()],
+        };
+        *last = Some((now, busy));
+        let plans = self
+            .reports
+            .iter()
+            .zip(stats)
+            .zip(fractions)
+            .map(|((r, st), busy_fraction)| {
+                let b = r.synth.budget();
+                let mut v = r.base.clone();
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("voice".into(), r.voice.clone().into());
+                    o.insert("engine".into(), r.engine.clone().into());
+                    o.insert("prefetch".into(), r.prefetch.into());
+                    o.insert("device".into(), r.synth.pool().device().to_string().into());
+                    o.insert("max_batch_tokens".into(), b.max_tokens.into());
+                    o.insert("max_batch_requests".into(), b.max_requests.into());
+                    o.insert("max_wait_ms".into(), (b.max_wait.as_millis() as u64).into());
+                    o.insert("busy_seconds".into(), st.busy_seconds.into());
+                    o.insert("device_busy_fraction".into(), busy_fraction.into());
+                    o.insert("engine_runs".into(), st.runs.into());
+                    o.insert("oom_events".into(), st.oom_events.into());
+                    o.insert("last_oom".into(), st.last_oom.into());
+                    o.insert("fallback".into(), st.fallback.into());
+                }
+                v
+            })
+            .collect();
+        let device = self.reports.first().map_or_else(
+            || self.device.clone(),
+            |r| r.synth.pool().device().to_string(),
+        );
+        WorkerInfo {
+            id: self.id.clone(),
+            host: self.host.clone(),
+            device,
+            hardware: self.hardware.clone(),
+            plan: serde_json::Value::Array(plans),
+            instance: Some(self.instance),
+        }
+    }
+}
+
+/// Writes the worker's row every `every` until `stop`.
+pub(crate) async fn heartbeat(
+    pool: PgPool,
+    describe: Arc<Describe>,
+    done: Arc<AtomicU64>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        let info = describe.info();
+        if let Err(e) = narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|v| *v) => return,
+            _ = tick.tick() => {}
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! narrator's distributed worker, as a library: `narrator worker` parses its flags, loads
+//! the engines and hands them here in a [`WorkerConfig`]; [`Worker::start`] connects and
+//! starts every loop, [`Worker::run_until`] runs them until a shutdown signal (or a loop
+//! fails) and drains.
+//!
+//! Per voice (and device) a RabbitMQ consumer feeds the pipeline's worker loop, which
+//! stores audio in S3 and records figures in Postgres before each ack. Around it:
+//! - [`guard`]: deliveries that need no work (redelivered, cancelled, unknown) are settled
+//!   before any work; a message of another cluster stops the worker untouched;
+//! - [`state`]: recording, and telling the assembler when a job's last segment is in;
+//! - [`assembler`]: exactly one worker builds a finished job's outputs; a dead
+//!   assembler's job is taken over (by process instance, not by a reusable name);
+//!   transient failures are retried with backoff;
+//! - [`reconciler`]: the outbox (segments committed but never published) and the
+//!   stuck-job watchdog (jobs without progress for a lease get their missing segments
+//!   published again);
+//! - [`heartbeat`]: the worker's row in `workers`, with its plan and figures.
+//!
+//! Failures carry their retry class in their type ([`narrator_core::RetryClass`]): an
+//! outage of a service is postponed without charging the segment an attempt.
+
+pub mod assembler;
+pub mod guard;
+pub mod heartbeat;
+pub mod publish;
+pub mod reconciler;
+pub mod state;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use narrator_broker::{BrokerError, Consumer, Publisher};
+use narrator_db::{DbError, PgPool, Uuid};
+use narrator_pipeline::{Event, RunOptions, Stages, Synthesizer, work};
+use narrator_s3::S3AudioStore;
+use tokio::sync::{mpsc, watch};
+
+pub use publish::publish_segments;
+
+/// One voice on one device, loaded and planned by the caller.
+pub struct VoiceEngine {
+    /// The voice (its queue is `narrator.segments.<voice>`).
+    pub voice: String,
+    /// Phonemizer + engine, with its budget.
+    pub synth: Synthesizer,
+    /// The plan as JSON (shown in the worker's row).
+    pub plan: serde_json::Value,
+    /// Unacknowledged messages held for this engine.
+    pub prefetch: u16,
+    /// Batches in synthesis at once.
+    pub in_flight: usize,
+}
+
+/// Everything a worker runs with.
+pub struct WorkerConfig {
+    /// Name in the workers table and in segment figures (e.g. `host:1`; may be reused by
+    /// a restarted process).
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Engine kind shown in the plan (`onnx`, `null`).
+    pub engine: String,
+    /// The engines, one per voice and device.
+    pub voices: Vec<VoiceEngine>,
+    /// The database (migrated).
+    pub pool: PgPool,
+    /// The bucket.
+    pub store: S3AudioStore,
+    /// RabbitMQ URL (connected with automatic recovery).
+    pub amqp_url: String,
+    /// Device shown when no engine says (normally the first engine's).
+    pub device: String,
+    /// The hardware profile (JSON) for the worker's row.
+    pub hardware: serde_json::Value,
+    /// Most segments of one job stored and recorded together.
+    pub pack_max: usize,
+    /// The outbox reconciler republishes segments unpublished for this long.
+    pub reconcile_after: Duration,
+    /// Between heartbeats; an assembly whose claimer missed 6 is taken over.
+    pub heartbeat: Duration,
+    /// A job without progress for this long gets its missing segments published again.
+    pub lease: Duration,
+    /// Keep a finished job's segment audio and packs (for debugging) instead of
+    /// deleting them once its outputs are stored.
+    pub keep_intermediates: bool,
+}
+
+/// A worker's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The broker could not be used.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// The database could not be used.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// A voice's loop ended with an error.
+    #[error("worker loop for voice {voice}: {source}")]
+    Loop {
+        /// The voice.
+        voice: String,
+        /// The cause.
+        #[source]
+        source: narrator_pipeline::PipelineError,
+    },
+    /// A loop panicked.
+    #[error("worker loop panicked: {0}")]
+    Panicked(String),
+}
+
+/// What a worker did, once stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Segments it recorded done.
+    pub segments_done: u64,
+}
+
+/// A started worker: its loops run; [`Worker::run_until`] waits for them.
+pub struct Worker {
+    id: String,
+    pool: PgPool,
+    conn: lapin::Connection,
+    stop_tx: watch::Sender<bool>,
+    loops: tokio::task::JoinSet<Result<(), WorkerError>>,
+    services: tokio::task::JoinSet<()>,
+    describe: Arc<heartbeat::Describe>,
+    done: Arc<AtomicU64>,
+}
+
+impl Worker {
+    /// Connects to the broker, declares the voices' queues, reads the cluster id and
+    /// starts every loop: per engine a consumer and the pipeline, then the heartbeat,
+    /// the reconciler (outbox and stuck jobs) and the assembler.
+    pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
+        let WorkerConfig {
+            id,
+            host,
+            engine,
+            voices,
+            pool,
+            store,
+            amqp_url,
+            device,
+            hardware,
+            pack_max,
+            reconcile_after,
+            heartbeat: every,
+            lease,
+            keep_intermediates,
+        } = config;
+        let instance = Uuid::new_v4();
+        let cluster = narrator_db::cluster_id(&pool).await?;
+        let conn =
+            narrator_broker::connect_named(&amqp_url, &format!("narrator-worker {id}")).await?;
+        let channel = conn.create_channel().await.map_err(|e| BrokerError::Amqp {
+            op: "channel.open".into(),
+            source: e,
+        })?;
+        let mut names: Vec<String> = Vec::new();
+        for v in &voices {
+            if !names.contains(&v.voice) {
+                narrator_broker::declare(&channel, &v.voice).await?;
+                names.push(v.voice.clone());
+            }
+        }
+        let (stop_tx, stop) = watch::channel(false);
+        let (complete_tx, complete_rx) = mpsc::unbounded_channel();
+        let done = Arc::new(AtomicU64::new(0));
+        let mut reports = Vec::new();
+        let mut loops = tokio::task::JoinSet::new();
+        for v in voices {
+            let name = v.voice.clone();
+            let synth = Arc::new(v.synth);
+            reports.push(heartbeat::Report {
+                voice: name.clone(),
+                engine: engine.clone(),
+                prefetch: v.prefetch,
+                base: v.plan,
+                synth: synth.clone(),
+            });
+            let consumer = Consumer::start(&conn, &name, v.prefetch)
+                .await?
+                .for_cluster(cluster.to_string());
+            let queue = Arc::new(guard::GuardedQueue::new(
+                consumer,
+                pool.clone(),
+                stop.clone(),
+                id.clone(),
+            ));
+            let stages = Stages {
+                synth,
+                store: Arc::new(store.clone()),
+                state: Arc::new(state::ClusterState::new(
+                    pool.clone(),
+                    complete_tx.clone(),
+                    done.clone(),
+                )),
+                on_event: Arc::new(|e| {
+                    if let Event::Warning(w) = e {
+                        tracing::warn!("{w}");
+                    }
+                }),
+            };
+            let opts = RunOptions {
+                worker: id.clone(),
+                in_flight: v.in_flight,
+                isolate_failures: true,
+                stop: Some(stop.clone()),
+                // Segments are checked in Postgres when delivered; only those that then
+                // waited (a full device, a long max_wait) are checked again.
+                recheck_after: Duration::from_secs(1),
+                pack_max,
+            };
+            loops.spawn(async move {
+                let result = work(queue.clone(), &stages, &opts).await;
+                // Deliveries prefetched but not started go back to the queue.
+                let _ = queue.close().await;
+                result.map(|_| ()).map_err(|source| WorkerError::Loop {
+                    voice: name,
+                    source,
+                })
+            });
+        }
+        let describe = Arc::new(heartbeat::Describe::new(
+            id.clone(),
+            host,
+            device,
+            hardware,
+            instance,
+            reports,
+        ));
+        let mut services = tokio::task::JoinSet::new();
+        services.spawn(heartbeat::heartbeat(
+            pool.clone(),
+            describe.clone(),
+            done.clone(),
+            every,
+            stop.clone(),
+        ));
+        services.spawn(reconciler::reconciler(
+            reconciler::Reconciler {
+                pool: pool.clone(),
+                publisher: Publisher::new(&conn).await?,
+                channel: conn.create_channel().await.map_err(|e| BrokerError::Amqp {
+                    op: "channel.open".into(),
+                    source: e,
+                })?,
+                cluster: cluster.to_string(),
+                voices: names,
+                unpublished_after: reconcile_after,
+                lease,
+            },
+            stop.clone(),
+        ));
+        services.spawn(assembler::assembler(
+            assembler::Assembler {
+                pool: pool.clone(),
+                store,
+                worker: id.clone(),
+                instance,
+                stale: every * 6,
+                keep_intermediates,
+            },
+            complete_rx,
+            stop.clone(),
+        ));
+        Ok(Self {
+            id,
+            pool,
+            conn,
+            stop_tx,
+            loops,
+            services,
+            describe,
+            done,
+        })
+    }
+
+    /// The worker's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Runs until `shutdown` completes or a loop ends, then drains: no new batch starts,
+    /// the batches in flight are finished (stored, recorded, acknowledged), prefetched
+    /// deliveries go back to the queue. The first loop error is returned.
+    pub async fn run_until(
+        mut self,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Summary, WorkerError> {
+        let mut failure = None;
+        tokio::select! {
+            _ = shutdown => {
+                tracing::info!(worker = %self.id, "stopping after the batches in flight");
+            }
+            Some(r) = self.loops.join_next() => {
+                failure = loop_failure(r);
+            }
+        }
+        let _ = self.stop_tx.send(true);
+        while let Some(r) = self.loops.join_next().await {
+            failure = failure.or(loop_failure(r));
+        }
+        while self.services.join_next().await.is_some() {}
+        let done = self.done.load(Ordering::Relaxed);
+        let _ = narrator_db::heartbeat(&self.pool, &self.describe.info(), done).await;
+        let _ = self.conn.close(200, "worker stopped".into()).await;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(Summary {
+                segments_done: done,
+            }),
+        }
+    }
+}
+
+fn loop_failure(r: Result<Result<(), WorkerError>, tokio::task::JoinError>) -> Option<WorkerError> {
+    match r {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e),
+        Err(e) => Some(WorkerError::Panicked(e.to_string())),
+    }
+}
+
+/// A delay of about `base`, spread by ±20 % so that workers that failed together do
+/// not retry together.
+pub fn jittered(base: Duration) -> Duration {
+    base.mul_f64(0.8 + 0.4 * fastrand::f64())
+}
+
+/// Backoff for the `attempt`-th retry (from 1): 5 s doubling up to 5 minutes, jittered.
+pub fn backoff(attempt: u32) -> Duration {
+    let secs = 5u64
+        .saturating_mul(1 << attempt.saturating_sub(1).min(6))
+        .min(300);
+    jittered(Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_five_minutes_with_jitter() {
+        for (attempt, base) in [(1, 5.0), (2, 10.0), (3, 20.0), (7, 300.0), (40, 300.0)] {
+            for _ in 0..50 {
+                let d = backoff(attempt).as_secs_f64();
+                assert!(
+                    (base * 0.8..=base * 1.2).contains(&d),
+                    "attempt {attempt}: {d} s"
+                );
+            }
+        }
+        let spread: std::collections::HashSet<u128> =
+            (0..20).map(|_| backoff(1).as_millis()).collect();
+        assert!(spread.len() > 1, "jitter spreads the delays");
+    }
+}

@@ -1,0 +1,33 @@
+//! Publishing a job's segments with confirms, marking each confirmed chunk published (the
+//! outbox column): used by `submit`, `retry`, the reconciler and the watchdog.
+
+use narrator_broker::{Publisher, SegmentMessage};
+use narrator_core::Segment;
+use narrator_db::{PgPool, Uuid};
+
+use crate::WorkerError;
+
+/// Messages per publish round trip (and per `mark_published` update).
+pub const PUBLISH_CHUNK: usize = 1000;
+
+/// Publishes `segments` of `job` to `voice`'s queue, tied to `cluster`, in chunks;
+/// each chunk the broker confirmed is marked published.
+pub async fn publish_segments(
+    pool: &PgPool,
+    publisher: &Publisher,
+    cluster: &str,
+    job: Uuid,
+    voice: &str,
+    segments: &[Segment],
+) -> Result<(), WorkerError> {
+    for chunk in segments.chunks(PUBLISH_CHUNK) {
+        let messages: Vec<SegmentMessage> = chunk
+            .iter()
+            .map(|s| SegmentMessage::new(job.to_string(), voice, s.clone()).in_cluster(cluster))
+            .collect();
+        publisher.publish_batch(&messages).await?;
+        let indices: Vec<u32> = chunk.iter().map(|s| s.index).collect();
+        narrator_db::mark_published(pool, job, &indices).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,349 @@
+//! Faults, with the real services and real processes: a worker on the wrong database,
+//! duplicate deliveries processed at once, segments lost by the broker, an assembler
+//! that died and came back under the same id, the object store down while a job is
+//! assembled. Every test ends with `check_job`: the job `done` with no action beyond
+//! removing the fault, every segment once and in order, figures that agree with the
+//! audio, nothing intermediate left behind. docs/RELIABILITY.md names the promise each
+//! test keeps.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicAckOptions, BasicGetOptions};
+use narrator_broker::{Publisher, SegmentMessage, work_queue};
+use narrator_db::{JobState, Uuid};
+use narrator_test_support::{VOICE, World, book_text, check_job, root};
+
+fn segments_of(w: &World, job: Uuid) -> Vec<narrator_core::Segment> {
+    w.rt.block_on(narrator_db::load_job(&w.pool, job))
+        .expect("job")
+        .plan
+        .segments
+}
+
+fn cluster_of(w: &World) -> String {
+    w.rt.block_on(narrator_db::cluster_id(&w.pool))
+        .expect("cluster id")
+        .to_string()
+}
+
+/// Waits until `check` holds, at most `within`; `what` names it in the failure.
+fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Promise 2: a worker never acts on a database that is not its queue's.
+#[test]
+fn a_worker_on_another_database_leaves_the_messages_and_says_why_in_one_line() {
+    let mut w = World::new();
+    let other = w.other_database();
+    let book = w.book("wrong.md", &book_text(1, 4, None));
+    let job = w.submit(&book, &["--format", "wav"]);
+    let total = segments_of(&w, job).len() as u32;
+    assert_eq!(w.queue_ready(&work_queue(VOICE)), total);
+
+    let wrong = w.spawn_worker(
+        "wrong",
+        &["--engine", "null"],
+        &[("NARRATOR_DATABASE_URL", other.as_str())],
+    );
+    let status = w.wait_exit(wrong, Duration::from_secs(60));
+    let log = w.worker_log("wrong");
+    assert!(!status.success(), "the worker must fail: {log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "one error line: {log}");
+    assert!(
+        errors[0].contains("is cluster") && errors[0].contains("left the message in the queue"),
+        "{}",
+        errors[0]
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    // Nothing was acknowledged or recorded: every message is back, the job untouched.
+    eventually(
+        Duration::from_secs(10),
+        "messages back in the queue",
+        || w.queue_ready(&work_queue(VOICE)) == total,
+    );
+    assert_eq!(w.state(job), JobState::Queued);
+
+    // The right worker then does the job.
+    w.worker("right", &["--engine", "null"], &[]);
+    w.ok(&["status", &job.to_string(), "--wait"]);
+    check_job(&w, job, false);
+}
+
+/// Promise 3: duplicates processed at the same time cannot corrupt. Every segment is
+/// published three times before two workers start; round-robin delivery hands copies
+/// of one segment to both, which synthesize them at once (the voice's noise makes the
+/// copies differ in length). Whichever copy is recorded, the audio it points at is the
+/// one it describes; the losers' objects are deleted.
+#[test]
+fn duplicate_deliveries_processed_at_once_leave_audio_and_figures_in_agreement() {
+    let mut w = World::new();
+    let book = w.book("dup.md", &book_text(2, 5, None));
+    let job = w.submit(&book, &["--format", "wav"]);
+    let segments = segments_of(&w, job);
+    let cluster = cluster_of(&w);
+    w.rt.block_on(async {
+        let conn = narrator_broker::connect(&w.amqp_url).await.expect("amqp");
+        let publisher = Publisher::new(&conn).await.expect("publisher");
+        let copies: Vec<SegmentMessage> = segments
+            .iter()
+            .flat_map(|s| {
+                (0..2).map(|_| {
+                    SegmentMessage::new(job.to_string(), VOICE, s.clone()).in_cluster(&cluster)
+                })
+            })
+            .collect();
+        publisher
+            .publish_batch(&copies)
+            .await
+            .expect("publish copies");
+        let _ = conn.close(200, "ok".into()).await;
+    });
+    let args = [
+        "--keep-intermediates",
+        "--pack-max",
+        "1",
+        "--prefetch",
+        "64",
+    ];
+    w.spawn_worker("d1", &args, &[]);
+    w.spawn_worker("d2", &args, &[]);
+    w.ok(&["status", &job.to_string(), "--wait"]);
+    check_job(&w, job, true);
+    // Every object left is one a record points at: the losers' copies are gone.
+    let store = w.store();
+    let packs =
+        w.rt.block_on(store.list(&store.intermediate_prefixes(&job.to_string())[1]))
+            .expect("list");
+    let records =
+        w.rt.block_on(narrator_db::finished_segments(&w.pool, job))
+            .expect("records");
+    let mut pointed: Vec<String> = records
+        .iter()
+        .filter_map(|r| r.packed.as_ref().map(|p| p.key.clone()))
+        .collect();
+    pointed.sort();
+    pointed.dedup();
+    assert_eq!(packs, pointed, "only the recorded copies are stored");
+    let discarded = w
+        .worker_log("d1")
+        .matches("another copy was recorded first")
+        .count()
+        + w.worker_log("d2")
+            .matches("another copy was recorded first")
+            .count();
+    eprintln!(
+        "{} segments, {} copies each: {discarded} losing copies deleted",
+        segments.len(),
+        3
+    );
+}
+
+/// Promise 1: no job is ever stuck. Two of a job's messages are lost (taken off the
+/// queue and dropped, as a broker that lost its disk or dead-lettered them would); the
+/// worker's watchdog notices the job made no progress for a lease and publishes them
+/// again.
+#[test]
+fn segments_lost_by_the_broker_are_published_again_after_a_lease() {
+    let mut w = World::new();
+    let book = w.book("lost.md", &book_text(1, 6, None));
+    let job = w.submit(&book, &["--format", "wav"]);
+    let lost = w.rt.block_on(async {
+        let conn = narrator_broker::connect(&w.amqp_url).await.expect("amqp");
+        let ch = conn.create_channel().await.expect("channel");
+        let mut lost = Vec::new();
+        for _ in 0..2 {
+            let m = ch
+                .basic_get(
+                    work_queue(VOICE).as_str().into(),
+                    BasicGetOptions { no_ack: false },
+                )
+                .await
+                .expect("basic.get")
+                .expect("a message");
+            lost.push(
+                SegmentMessage::decode(&m.delivery.data)
+                    .expect("message")
+                    .segment
+                    .index,
+            );
+            m.delivery
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .expect("ack");
+        }
+        let _ = conn.close(200, "ok".into()).await;
+        lost
+    });
+    w.worker("watch", &["--engine", "null", "--lease", "3"], &[]);
+    eventually(Duration::from_secs(30), "the others done", || {
+        w.done_count(job) == 4
+    });
+    w.ok(&["status", &job.to_string(), "--wait"]);
+    check_job(&w, job, false);
+    let log = w.worker_log("watch");
+    assert!(log.contains("made no progress for a lease"), "{log}");
+    let rescues: i32 =
+        w.rt.block_on(
+            sqlx::query_scalar("SELECT rescues FROM jobs WHERE id = $1")
+                .bind(job)
+                .fetch_one(&w.pool),
+        )
+        .expect("rescues");
+    assert!(rescues >= 1, "lost {lost:?}, rescues {rescues}");
+}
+
+/// Promise 1, assembly: a job left `assembling` by a process that died is taken over,
+/// also when its worker comes back under the same id (a container's hostname) and
+/// beats at once. The crash point is set in the database (an assembly claimed by a
+/// process instance that no longer runs), exactly what a SIGKILL mid-assembly leaves.
+#[test]
+fn an_assembly_of_a_dead_process_is_taken_over_by_its_successor_under_the_same_id() {
+    let mut w = World::new();
+    let book = w.book("orphan.md", &book_text(2, 3, None));
+    let first = w.worker("host:1", &["--engine", "null", "--keep-intermediates"], &[]);
+    let job = w.submit(&book, &["--format", "wav"]);
+    w.ok(&["status", &job.to_string(), "--wait"]);
+    assert!(w.stop(first, 15).success());
+    // The first process "died" while assembling: its claim names its instance.
+    w.rt.block_on(
+        sqlx::query(
+            "UPDATE jobs SET state = 'assembling', assembler = 'host:1', \
+             assembler_instance = gen_random_uuid(), assembly_started_at = now(), \
+             finished_at = NULL, outputs = '[]' WHERE id = $1",
+        )
+        .bind(job)
+        .execute(&w.pool),
+    )
+    .expect("crash point");
+    let st = w.status(job);
+    assert!(
+        st["waiting"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no worker has been seen")
+            || st["waiting"].as_str().unwrap_or("").contains("is gone"),
+        "status says what the job waits on: {st}"
+    );
+    // The same id comes back: without instance checks its fresh heartbeat would keep the
+    // dead claim alive for ever.
+    w.worker("host:1", &["--engine", "null", "--keep-intermediates"], &[]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(60));
+    check_job(&w, job, true);
+}
+
+/// A private S3 server (s3s-fs) on its own port and data folder, stopped and started by
+/// the test; the shared one is untouched.
+struct PrivateS3 {
+    port: u16,
+    data: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl PrivateS3 {
+    fn start(port: u16) -> Self {
+        let data = tempfile::tempdir().expect("s3 data");
+        std::fs::create_dir_all(data.path().join("narrator")).expect("bucket");
+        let mut s = Self {
+            port,
+            data,
+            child: None,
+        };
+        s.up();
+        s
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn up(&mut self) {
+        let bin = root().join(".deps/s3/s3s-fs/bin/s3s-fs");
+        let child = Command::new(&bin)
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .args([
+                "--access-key",
+                "narrator",
+                "--secret-key",
+                "narrator-secret",
+            ])
+            .arg(self.data.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e} (run bash ops/setup.sh)", bin.display()));
+        self.child = Some(child);
+        eventually(Duration::from_secs(10), "s3s-fs answers", || {
+            std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+        });
+    }
+
+    fn down(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for PrivateS3 {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+/// Promise 4: a transient fault during assembly is retried, not fatal. The object store
+/// is down when the job is assembled: the assembly is postponed (the status says so),
+/// and the job finishes by itself once the store is back.
+#[test]
+fn an_object_store_outage_during_assembly_postpones_it_and_the_job_finishes_after() {
+    let mut w = World::new();
+    let mut s3 = PrivateS3::start(9017);
+    w.use_s3_endpoint(&s3.endpoint());
+    let book = w.book("outage.md", &book_text(2, 3, None));
+    let first = w.worker("s3a", &["--engine", "null", "--keep-intermediates"], &[]);
+    let job = w.submit(&book, &["--format", "wav"]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(60));
+    assert!(w.stop(first, 15).success());
+    // A worker that started with the store up; then the store goes away, and the job is
+    // back to "every segment done, not assembled yet".
+    w.worker("s3b", &["--engine", "null", "--keep-intermediates"], &[]);
+    s3.down();
+    w.rt.block_on(
+        sqlx::query(
+            "UPDATE jobs SET state = 'running', assembler = NULL, assembler_instance = NULL, \
+             finished_at = NULL, outputs = '[]' WHERE id = $1",
+        )
+        .bind(job)
+        .execute(&w.pool),
+    )
+    .expect("reset");
+    eventually(Duration::from_secs(60), "the assembly postponed", || {
+        w.rt.block_on(
+            sqlx::query_scalar::<_, i32>("SELECT assembly_attempts FROM jobs WHERE id = $1")
+                .bind(job)
+                .fetch_one(&w.pool),
+        )
+        .expect("attempts")
+            >= 1
+    });
+    let st = w.status(job);
+    assert_eq!(st["state"], "running", "{st}");
+    assert!(
+        st["waiting"]
+            .as_str()
+            .unwrap_or("")
+            .contains("assembly failed for now"),
+        "{st}"
+    );
+    s3.up();
+    w.wait_state(job, JobState::Done, Duration::from_secs(90));
+    check_job(&w, job, true);
+}

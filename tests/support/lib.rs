@@ -1,0 +1,625 @@
+//! The test support every whole-system suite shares: a [`World`] per test (a fresh
+//! Postgres database, a private RabbitMQ vhost, the S3 test server, `narrator` processes
+//! run as a user would), book texts, and [`check_job`], the checker every fault test ends
+//! with. `bash ops/test.sh` starts the services and sets the environment.
+//!
+//! The services are the real ones: Postgres at `NARRATOR_DATABASE_URL`/`DATABASE_URL`'s
+//! server (each World makes its own database and drops it), RabbitMQ at 127.0.0.1:5672
+//! (each World makes its own vhost with `rabbitmqctl`, so no test sees another's
+//! messages), and the S3 server at `NARRATOR_S3_ENDPOINT`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use narrator_db::{JobState, PgPool, Uuid};
+use narrator_s3::{S3AudioStore, S3Config};
+
+pub use narrator_db;
+
+/// The voice every suite uses (shipped by `ops/setup.sh`).
+pub const VOICE: &str = "en_US-joe-medium";
+
+/// One World at a time per test binary: tests share the two CPU cores, and timings in
+/// the worker (heartbeats, leases) must not starve.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repository root")
+        .to_path_buf()
+}
+
+/// The `narrator` binary of this build: `target/<profile>/narrator`, beside the test
+/// executable's `deps/` folder (cargo builds it for the workspace's tests).
+pub fn narrator_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("NARRATOR_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let bin = profile_dir.join("narrator");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (`cargo build -p narrator`; `cargo test --workspace` does)",
+        bin.display()
+    );
+    bin
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+/// The Postgres server's admin URL (a database is created per World on it).
+pub fn admin_url() -> String {
+    std::env::var("NARRATOR_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// The same server, database `name`.
+pub fn database_url(name: &str) -> String {
+    let admin = admin_url();
+    match admin.rfind('/') {
+        Some(i) if admin[..i].contains("://") && admin[i..].len() > 1 => {
+            format!("{}/{name}", &admin[..i])
+        }
+        _ => panic!("cannot derive a database URL from {admin}"),
+    }
+}
+
+fn rabbitmqctl(args: &[&str]) -> String {
+    let out = Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl (the broker's own CLI) must be runnable for the system tests");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Creates the empty database `name` on the test server.
+pub async fn create_database(name: &str) {
+    let admin_pool = narrator_db::connect(&admin_url())
+        .await
+        .expect("admin database");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&admin_pool)
+        .await
+        .expect("create database");
+    admin_pool.close().await;
+}
+
+/// The S3 settings of the test server.
+pub fn s3_config() -> S3Config {
+    S3Config {
+        endpoint: std::env::var("NARRATOR_S3_ENDPOINT").ok(),
+        bucket: env_or("NARRATOR_S3_BUCKET", "narrator"),
+        ..Default::default()
+    }
+}
+
+/// One test's world: its database, its broker vhost, its worker processes, a folder.
+pub struct World {
+    /// A runtime for the test's own service calls.
+    pub rt: tokio::runtime::Runtime,
+    /// Its database's URL.
+    pub db_url: String,
+    db_names: Vec<String>,
+    /// Its database.
+    pub pool: PgPool,
+    /// Its broker vhost's URL.
+    pub amqp_url: String,
+    vhost: String,
+    /// Worker processes started with [`World::worker`].
+    pub workers: Vec<Child>,
+    /// A temporary folder (books, logs).
+    pub tmp: tempfile::TempDir,
+    /// The S3 server and bucket of this world's commands and checks (the shared test
+    /// server unless a test points it at its own with [`World::use_s3_endpoint`]).
+    s3_endpoint: Option<String>,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl World {
+    /// A fresh database (migrated with `narrator migrate`) and a fresh vhost.
+    pub fn new() -> Self {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(
+            std::env::var("NARRATOR_S3_ENDPOINT").is_ok(),
+            "NARRATOR_S3_ENDPOINT is not set: run `bash ops/s3-server.sh start` and \
+             `eval \"$(bash ops/s3-server.sh env)\"` (bash ops/test.sh does both)"
+        );
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let vhost = format!("narrator-test-{}", Uuid::new_v4().simple());
+        rabbitmqctl(&["-q", "add_vhost", &vhost]);
+        rabbitmqctl(&[
+            "-q",
+            "set_permissions",
+            "-p",
+            &vhost,
+            "guest",
+            ".*",
+            ".*",
+            ".*",
+        ]);
+        let amqp_url = format!("amqp://guest:guest@127.0.0.1:5672/{vhost}");
+        let db_name = format!("narrator_sys_{}", Uuid::new_v4().simple());
+        let db_url = database_url(&db_name);
+        let pool = rt.block_on(async {
+            create_database(&db_name).await;
+            narrator_db::connect(&db_url).await.expect("test database")
+        });
+        let world = Self {
+            rt,
+            db_url,
+            db_names: vec![db_name],
+            pool,
+            amqp_url,
+            vhost,
+            workers: Vec::new(),
+            tmp: tempfile::tempdir().expect("tmp"),
+            s3_endpoint: std::env::var("NARRATOR_S3_ENDPOINT").ok(),
+            _serial: serial,
+        };
+        let out = world.ok(&["migrate"]);
+        assert!(String::from_utf8_lossy(&out.stdout).contains("up to date"));
+        world
+    }
+
+    /// Another fresh, migrated database on the same server (another cluster): its URL.
+    pub fn other_database(&mut self) -> String {
+        let name = format!("narrator_sys_{}", Uuid::new_v4().simple());
+        self.rt.block_on(create_database(&name));
+        self.db_names.push(name.clone());
+        let url = database_url(&name);
+        let out = self
+            .cmd()
+            .env("NARRATOR_DATABASE_URL", &url)
+            .arg("migrate")
+            .output()
+            .expect("migrate");
+        assert!(out.status.success(), "migrate the other database");
+        url
+    }
+
+    /// Commands, workers and checks from now on use the S3 server at `endpoint` (same
+    /// bucket name and test credentials).
+    pub fn use_s3_endpoint(&mut self, endpoint: &str) {
+        self.s3_endpoint = Some(endpoint.to_string());
+    }
+
+    /// `narrator` with this world's services and data folder, and no test hooks.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(narrator_bin());
+        c.env("NARRATOR_DATA_DIR", root().join(".deps"))
+            .env("NARRATOR_DATABASE_URL", &self.db_url)
+            .env("NARRATOR_AMQP_URL", &self.amqp_url)
+            .envs(self.s3_endpoint.iter().map(|e| ("NARRATOR_S3_ENDPOINT", e)))
+            .env_remove("NARRATOR_TEST_FAIL_TEXT")
+            .env_remove("NARRATOR_TEST_FAIL_ONCE")
+            .env_remove("NARRATOR_TEST_CRASH_AFTER_COMMIT")
+            .env_remove("NARRATOR_VOICE");
+        c
+    }
+
+    /// Runs `narrator ARGS`, which must succeed.
+    pub fn ok(&self, args: &[&str]) -> Output {
+        let out = self.cmd().args(args).output().expect("spawn narrator");
+        assert!(
+            out.status.success(),
+            "narrator {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Runs `narrator ARGS`, which must fail with exactly one line on stderr and no
+    /// panic; returns that line.
+    pub fn err(&self, args: &[&str]) -> String {
+        let out = self.cmd().args(args).output().expect("spawn narrator");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{args:?} should fail: {err}");
+        assert!(!err.contains("panicked"), "panic: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        err
+    }
+
+    /// Starts a worker (`--id ID --heartbeat 1`, log level info, stderr to a file) with
+    /// `env` and waits for its "ready" line; returns its index in [`World::workers`].
+    pub fn worker(&mut self, id: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
+        let i = self.spawn_worker(id, args, env);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = self.worker_log(id);
+            if text.contains(" ready") {
+                return i;
+            }
+            if let Ok(Some(status)) = self.workers[i].try_wait() {
+                panic!("worker {id} exited with {status}: {text}");
+            }
+            assert!(Instant::now() < deadline, "worker {id} not ready: {text}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Starts a worker without waiting for it.
+    pub fn spawn_worker(&mut self, id: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
+        let log = self.log_path(id);
+        // Appending: a worker restarted under the same id keeps one log.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log");
+        let mut c = self.cmd();
+        c.args(["--log", "info", "worker", "--id", id, "--heartbeat", "1"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(file);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        self.workers.push(c.spawn().expect("spawn worker"));
+        self.workers.len() - 1
+    }
+
+    fn log_path(&self, id: &str) -> PathBuf {
+        self.tmp
+            .path()
+            .join(format!("{}.log", id.replace([':', '/'], "_")))
+    }
+
+    /// What worker `id` wrote to stderr so far.
+    pub fn worker_log(&self, id: &str) -> String {
+        std::fs::read_to_string(self.log_path(id)).unwrap_or_default()
+    }
+
+    /// Writes a book file into the world's folder.
+    pub fn book(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.tmp.path().join(name);
+        std::fs::write(&p, text).expect("book");
+        p
+    }
+
+    /// `narrator submit BOOK --json EXTRA...`: the job id.
+    pub fn submit(&self, book: &Path, extra: &[&str]) -> Uuid {
+        let mut args = vec!["submit", book.to_str().expect("utf8"), "--json"];
+        args.extend_from_slice(extra);
+        let out = self.ok(&args);
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        let v: serde_json::Value = serde_json::from_str(line.trim()).expect("submit JSON");
+        v["job_id"].as_str().expect("job_id").parse().expect("uuid")
+    }
+
+    /// `narrator status JOB --json`.
+    pub fn status(&self, job: Uuid) -> serde_json::Value {
+        let out = self.ok(&["status", &job.to_string(), "--json"]);
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    /// The job's state.
+    pub fn state(&self, job: Uuid) -> JobState {
+        self.rt
+            .block_on(narrator_db::job_state(&self.pool, job))
+            .expect("job_state")
+            .expect("job exists")
+    }
+
+    /// Waits until the job is in `want`, at most `within`.
+    pub fn wait_state(&self, job: Uuid, want: JobState, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let state = self.state(job);
+            if state == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {job} is {state:?}, wanted {want:?}; status: {}",
+                self.status(job)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Segments of the job recorded done.
+    pub fn done_count(&self, job: Uuid) -> u32 {
+        self.rt
+            .block_on(narrator_db::job_status(&self.pool, job))
+            .expect("status")
+            .expect("job")
+            .summary
+            .segments_done
+    }
+
+    /// A connection to this world's vhost.
+    pub fn broker(&self) -> lapin::Connection {
+        self.rt
+            .block_on(narrator_broker::connect(&self.amqp_url))
+            .expect("amqp")
+    }
+
+    /// Ready messages in `queue` of this world's vhost.
+    pub fn queue_ready(&self, queue: &str) -> u32 {
+        self.rt.block_on(async {
+            let conn = narrator_broker::connect(&self.amqp_url)
+                .await
+                .expect("amqp");
+            let ch = conn.create_channel().await.expect("channel");
+            let q = ch
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .expect("passive declare");
+            let _ = conn.close(200, "ok".into()).await;
+            q.message_count()
+        })
+    }
+
+    /// `rabbitmqctl list_channels` of this vhost: (prefetch, unacknowledged) of each
+    /// channel that consumes.
+    pub fn consumer_holdings(&self) -> Vec<(u64, u64)> {
+        rabbitmqctl(&[
+            "-q",
+            "--no-table-headers",
+            "list_channels",
+            "-p",
+            &self.vhost,
+            "prefetch_count",
+            "messages_unacknowledged",
+            "consumer_count",
+        ])
+        .lines()
+        .filter_map(|l| {
+            let n: Vec<u64> = l
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            (n.len() == 3 && n[2] > 0).then(|| (n[0], n[1]))
+        })
+        .collect()
+    }
+
+    /// This world's bucket.
+    pub fn store(&self) -> S3AudioStore {
+        let config = S3Config {
+            endpoint: self.s3_endpoint.clone(),
+            ..s3_config()
+        };
+        self.rt.block_on(S3AudioStore::connect(config)).expect("s3")
+    }
+
+    /// An object's bytes.
+    pub fn s3_get(&self, key: &str) -> Vec<u8> {
+        let store = self.store();
+        self.rt.block_on(store.get_bytes(key)).expect("s3 get")
+    }
+
+    /// The job's manifest.json.
+    pub fn manifest(&self, job: Uuid) -> serde_json::Value {
+        let key = output_key(&self.status(job), "manifest");
+        serde_json::from_slice(&self.s3_get(&key)).expect("manifest JSON")
+    }
+
+    /// Sends SIGTERM (`signal` 15) or SIGKILL (9) to worker `i` and waits for it.
+    pub fn stop(&mut self, i: usize, signal: i32) -> ExitStatus {
+        let pid = self.workers[i].id();
+        let sig = if signal == 9 { "-KILL" } else { "-TERM" };
+        let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+        self.wait_exit(i, Duration::from_secs(60))
+    }
+
+    /// Waits until worker `i` exits, at most `within`.
+    pub fn wait_exit(&mut self, i: usize, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(s)) = self.workers[i].try_wait() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "worker {i} did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Default for World {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+        let pool = self.pool.clone();
+        let names = self.db_names.clone();
+        self.rt.block_on(async move {
+            pool.close().await;
+            if let Ok(p) = narrator_db::connect(&admin_url()).await {
+                for name in names {
+                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .execute(&p)
+                        .await;
+                }
+            }
+        });
+        let _ = Command::new("rabbitmqctl")
+            .args(["-q", "delete_vhost", &self.vhost])
+            .output();
+    }
+}
+
+/// A Markdown book of `chapters` chapters of `sentences` distinct sentences each; with
+/// `extra = Some((n, text))` the n-th sentence (from 1) is `text`.
+pub fn book_text(chapters: usize, sentences: usize, extra: Option<(usize, &str)>) -> String {
+    let mut s = String::from("# A Test of the Distributed Mode\n\n");
+    let mut n = 0;
+    for c in 1..=chapters {
+        s.push_str(&format!("## Chapter {c}\n\n"));
+        for i in 0..sentences {
+            n += 1;
+            match extra {
+                Some((at, text)) if at == n => s.push_str(&format!("{text} ")),
+                _ => s.push_str(&format!(
+                    "Sentence number {n} of chapter {c} is here, line {i}. "
+                )),
+            }
+            if i % 3 == 2 {
+                s.push_str("\n\n");
+            }
+        }
+        s.push_str("\n\n");
+    }
+    s
+}
+
+/// The S3 key of a job's output of `kind` (book, manifest, ...), from its status JSON.
+pub fn output_key(status: &serde_json::Value, kind: &str) -> String {
+    status["outputs"]
+        .as_array()
+        .expect("outputs")
+        .iter()
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} output: {status}"))["key"]
+        .as_str()
+        .expect("key")
+        .to_string()
+}
+
+/// The segment indices a manifest lists, in its order.
+pub fn indices(manifest: &serde_json::Value) -> Vec<u64> {
+    manifest["segments"]
+        .as_array()
+        .expect("segments")
+        .iter()
+        .map(|s| s["index"].as_u64().expect("index"))
+        .collect()
+}
+
+/// The checker every fault test ends with, for a job submitted with `--format wav`:
+/// - it ended `done`;
+/// - the manifest lists every segment exactly once, in order;
+/// - every recorded figure agrees with the audio the record points at (sample count and
+///   rate), read back from S3 — read before the intermediates are deleted, so the test
+///   passes `--keep-intermediates` to its workers only when it says so, else the
+///   figures are checked against the book;
+/// - the whole book is the segments' audio at the manifest's places, exactly, with only
+///   silence (the pauses) between them;
+/// - no intermediate object (segment audio, packs) is left once done, unless kept.
+pub fn check_job(w: &World, job: Uuid, kept_intermediates: bool) {
+    assert_eq!(w.state(job), JobState::Done, "status: {}", w.status(job));
+    let manifest = w.manifest(job);
+    let total =
+        w.rt.block_on(narrator_db::job_status(&w.pool, job))
+            .expect("status")
+            .expect("job")
+            .summary
+            .segments_total;
+    let listed = indices(&manifest);
+    assert_eq!(
+        listed,
+        (0..u64::from(total)).collect::<Vec<_>>(),
+        "every segment once, in order"
+    );
+    let records =
+        w.rt.block_on(narrator_db::finished_segments(&w.pool, job))
+            .expect("records");
+    assert_eq!(records.len(), total as usize);
+    let status = w.status(job);
+    let book_key = output_key(&status, "book");
+    assert!(
+        book_key.ends_with(".wav"),
+        "the checker needs --format wav: {book_key}"
+    );
+    let (rate, book) =
+        narrator_audio::decode_wav_bytes(&w.s3_get(&book_key)).expect("the book is a WAV");
+    let store = w.store();
+    let mut covered = vec![false; book.len()];
+    for (entry, record) in manifest["segments"]
+        .as_array()
+        .expect("segments")
+        .iter()
+        .zip(&records)
+    {
+        assert_eq!(record.sample_rate, rate, "segment {}", record.index);
+        let start =
+            (entry["start_seconds"].as_f64().expect("start") * f64::from(rate)).round() as usize;
+        let n = record.samples as usize;
+        assert!(
+            start + n <= book.len(),
+            "segment {} ends past the book",
+            record.index
+        );
+        let secs = entry["seconds"].as_f64().expect("seconds");
+        assert!(
+            (secs - record.samples as f64 / f64::from(rate)).abs() < 1e-3,
+            "segment {}: manifest {secs} s, record {} samples",
+            record.index,
+            record.samples
+        );
+        if kept_intermediates {
+            // The stored audio the record points at has exactly the recorded samples,
+            // and it is what the book holds.
+            let packed = record.packed.as_ref().expect("S3 segments are packed");
+            let pack = w.rt.block_on(store.get_bytes(&packed.key)).expect("pack");
+            let wav = &pack[packed.offset as usize..(packed.offset + packed.len) as usize];
+            let (r, samples) = narrator_audio::decode_wav_bytes(wav).expect("segment WAV");
+            assert_eq!((r, samples.len()), (rate, n), "segment {}", record.index);
+            assert_eq!(
+                &book[start..start + n],
+                &samples[..],
+                "segment {} in the book",
+                record.index
+            );
+        }
+        covered[start..start + n].iter_mut().for_each(|c| *c = true);
+    }
+    let noisy_gaps = book
+        .iter()
+        .zip(&covered)
+        .filter(|(s, c)| !**c && **s != 0)
+        .count();
+    assert_eq!(noisy_gaps, 0, "only silence between segments");
+    let speech: usize = records.iter().map(|r| r.samples as usize).sum();
+    assert_eq!(
+        covered.iter().filter(|c| **c).count(),
+        speech,
+        "segments do not overlap and all are in the book"
+    );
+    let left: usize = store
+        .intermediate_prefixes(&job.to_string())
+        .iter()
+        .map(|p| w.rt.block_on(store.list(p)).expect("list").len())
+        .sum();
+    if kept_intermediates {
+        assert!(left > 0, "intermediates kept");
+    } else {
+        assert_eq!(left, 0, "no intermediate object left once done");
+    }
+}
