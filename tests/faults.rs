@@ -347,3 +347,66 @@ fn an_object_store_outage_during_assembly_postpones_it_and_the_job_finishes_afte
     w.wait_state(job, JobState::Done, Duration::from_secs(90));
     check_job(&w, job, true);
 }
+
+/// Promise 5: an outage shorter than the retry budget loses nothing and charges no
+/// attempt. The object store is down while a book's segments are synthesized: every
+/// delivery is postponed (not counted), the worker says so once and pauses with
+/// backoff, nothing is dead-lettered, and the job finishes once the store is back with
+/// every segment on its first attempt.
+#[test]
+fn an_object_store_outage_while_synthesizing_charges_no_attempt_and_loses_nothing() {
+    let mut w = World::new();
+    let mut s3 = PrivateS3::start(9018);
+    w.use_s3_endpoint(&s3.endpoint());
+    w.worker("o1", &["--engine", "null"], &[]);
+    s3.down();
+    let book = w.book("outage2.md", &book_text(2, 4, None));
+    let job = w.submit(&book, &["--format", "wav"]);
+    // Longer than the 5 s retry tier: each segment comes back at least once meanwhile.
+    eventually(
+        Duration::from_secs(60),
+        "the worker reports the outage",
+        || w.worker_log("o1").contains("a service is away"),
+    );
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(w.done_count(job), 0);
+    assert_eq!(w.state(job), JobState::Queued);
+    let failed: i64 =
+        w.rt.block_on(
+            sqlx::query_scalar(
+                "SELECT count(*) FROM segments WHERE job_id = $1 AND state = 'failed'",
+            )
+            .bind(job)
+            .fetch_one(&w.pool),
+        )
+        .expect("failed");
+    assert_eq!(failed, 0);
+    let plan = w.ok(&["workers", "--json"]);
+    let workers: serde_json::Value = serde_json::from_slice(&plan.stdout).expect("json");
+    assert_eq!(
+        workers[0]["plan"][0]["outage"]["kind"], "store_io",
+        "the worker's row shows the outage: {workers}"
+    );
+    s3.up();
+    w.wait_state(job, JobState::Done, Duration::from_secs(120));
+    check_job(&w, job, false);
+    let log = w.worker_log("o1");
+    assert_eq!(
+        log.matches("a service is away").count(),
+        1,
+        "logged once: {log}"
+    );
+    assert_eq!(log.matches("the service is back").count(), 1, "{log}");
+    let attempts: Vec<i32> =
+        w.rt.block_on(
+            sqlx::query_scalar("SELECT attempts FROM segments WHERE job_id = $1 ORDER BY idx")
+                .bind(job)
+                .fetch_all(&w.pool),
+        )
+        .expect("attempts");
+    assert!(
+        attempts.iter().all(|&a| a == 1),
+        "no attempt charged: {attempts:?}"
+    );
+    assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 0);
+}

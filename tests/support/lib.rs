@@ -286,6 +286,28 @@ impl World {
             .join(format!("{}.log", id.replace([':', '/'], "_")))
     }
 
+    /// Every worker's log (the tail of each), for a failure message.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        let mut entries: Vec<_> = std::fs::read_dir(self.tmp.path())
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        entries.sort();
+        for p in entries
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            out.push_str(&format!("--- {} (last lines)\n", p.display()));
+            for l in tail.into_iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
     /// What worker `id` wrote to stderr so far.
     pub fn worker_log(&self, id: &str) -> String {
         std::fs::read_to_string(self.log_path(id)).unwrap_or_default()
@@ -332,8 +354,9 @@ impl World {
             }
             assert!(
                 Instant::now() < deadline,
-                "job {job} is {state:?}, wanted {want:?}; status: {}",
-                self.status(job)
+                "job {job} is {state:?}, wanted {want:?}; status: {}\n{}",
+                self.status(job),
+                self.logs()
             );
             std::thread::sleep(Duration::from_millis(200));
         }

@@ -49,12 +49,26 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 
 /// Connects a pool to `url` (`postgres://user@host:port/db`).
 pub async fn connect(url: &str) -> Result<PgPool, DbError> {
+    let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(DbError::Unavailable)?;
+    // No statement hangs for ever (a stuck query, a lock held by a dead session): the
+    // server cancels it, the caller sees an outage and retries later.
+    let timeout = format!("{}s", STATEMENT_TIMEOUT.as_secs());
+    let options = options.options([
+        ("statement_timeout", timeout.as_str()),
+        ("idle_in_transaction_session_timeout", timeout.as_str()),
+    ]);
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(16)
-        .connect(url)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
         .await
         .map_err(DbError::Unavailable)
 }
+
+/// The longest a statement may run before the server cancels it.
+pub const STATEMENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+/// The longest a caller waits for a pooled connection (the database away or saturated).
+pub const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Applies every migration not applied yet (what `narrator migrate` runs).
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {

@@ -221,6 +221,9 @@ impl From<S3Error> for SeamError {
     }
 }
 
+/// The longest one S3 request (one attempt) may take before it fails.
+pub const OPERATION_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Segment audio and outputs in an S3 bucket. Cheap to clone (shares the HTTP pool).
 #[derive(Clone)]
 pub struct S3AudioStore {
@@ -327,7 +330,15 @@ impl S3AudioStore {
             .response_checksum_validation(
                 aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
             )
-            .http_client(http);
+            .http_client(http)
+            // No request hangs for ever (a stuck read, a server that stopped answering):
+            // it fails as an outage and the caller retries later.
+            .timeout_config(
+                aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .operation_attempt_timeout(OPERATION_ATTEMPT_TIMEOUT)
+                    .build(),
+            );
         let endpoint = match &cfg.endpoint {
             Some(url) => {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {

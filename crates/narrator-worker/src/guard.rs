@@ -2,12 +2,15 @@
 //! work, in groups (one database query for everything the broker has handed over).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use narrator_broker::{Consumer, Decision, MAX_ATTEMPTS, failure_decision};
 use narrator_core::{Delivery, Failure, RetryClass, SeamError, SegmentQueue};
 use narrator_db::{PgPool, SegmentCheck, Uuid};
 use tokio::sync::{Mutex, watch};
+
+use crate::outage::Outages;
 
 /// Most deliveries checked with one database query: everything the broker has already
 /// sent, up to this many, is checked at once.
@@ -23,6 +26,8 @@ pub struct GuardedQueue {
     worker: String,
     /// Checked deliveries that need work, in delivery order.
     ready: Mutex<VecDeque<Delivery<GuardTicket>>>,
+    /// The outage in progress: new work waits out its pause.
+    outages: Arc<Outages>,
 }
 
 /// A delivery's ticket with what the failure path needs.
@@ -35,13 +40,20 @@ pub struct GuardTicket {
 
 impl GuardedQueue {
     /// Guards `inner` with checks in `pool`; `next` ends once `stop` turns true.
-    pub fn new(inner: Consumer, pool: PgPool, stop: watch::Receiver<bool>, worker: String) -> Self {
+    pub fn new(
+        inner: Consumer,
+        pool: PgPool,
+        stop: watch::Receiver<bool>,
+        worker: String,
+        outages: Arc<Outages>,
+    ) -> Self {
         Self {
             inner,
             pool,
             stop,
             worker,
             ready: Mutex::default(),
+            outages,
         }
     }
 
@@ -55,6 +67,20 @@ impl GuardedQueue {
         loop {
             if let Some(d) = ready.pop_front() {
                 return Ok(Some(d));
+            }
+            // During an outage, wait out its pause before taking more work: the
+            // deliveries would only be postponed again. Checked every second, so work
+            // resumes as soon as a segment in flight gets through.
+            loop {
+                let pause = self.outages.pause();
+                if pause.is_zero() {
+                    break;
+                }
+                tracing::debug!(
+                    seconds = pause.as_secs_f64(),
+                    "outage: pausing before the next deliveries"
+                );
+                tokio::time::sleep(pause.min(Duration::from_secs(1))).await;
             }
             let group = self.inner.next_deliveries(CHECK_GROUP).await?;
             if group.is_empty() {
@@ -82,7 +108,7 @@ impl GuardedQueue {
                 Err(e) => {
                     // The database is away: the messages come back later, not charged
                     // an attempt when the cause is an outage.
-                    tracing::warn!(error = %e, deliveries = parsed.len(), "cannot check deliveries; retrying them later");
+                    tracing::debug!(error = %e, deliveries = parsed.len(), "cannot check deliveries; retrying them later");
                     let failure = Failure {
                         kind: e.kind(),
                         class: e.retry_class(),
@@ -92,7 +118,11 @@ impl GuardedQueue {
                         let decision = failure_decision(&failure, d.attempt);
                         self.inner.settle(d.ticket, decision).await?;
                     }
-                    tokio::time::sleep(crate::jittered(Duration::from_millis(500))).await;
+                    if failure.class == RetryClass::Infrastructure {
+                        self.outages.failed(failure.kind, &failure.reason);
+                    } else {
+                        tokio::time::sleep(crate::jittered(Duration::from_millis(500))).await;
+                    }
                     continue;
                 }
             };
@@ -148,6 +178,8 @@ impl SegmentQueue for GuardedQueue {
     }
 
     async fn ack(&self, ticket: GuardTicket) -> Result<(), SeamError> {
+        // A segment went all the way through: whatever was away is back.
+        self.outages.succeeded();
         self.inner.ack(ticket.inner).await
     }
 
@@ -189,8 +221,9 @@ impl SegmentQueue for GuardedQueue {
             }
         }
         if let Decision::Postpone { .. } = decision {
-            tracing::warn!(job = %ticket.job, index = ticket.index, kind = failure.kind,
-                "a service is away; the segment is postponed without being charged an attempt");
+            tracing::debug!(job = %ticket.job, index = ticket.index, kind = failure.kind,
+                "postponed without being charged an attempt");
+            self.outages.failed(failure.kind, &failure.reason);
         }
         Ok(self.inner.settle(ticket.inner, decision).await?)
     }

@@ -28,6 +28,7 @@ pub struct Describe {
     hardware: serde_json::Value,
     instance: Uuid,
     reports: Vec<Report>,
+    outages: Arc<crate::outage::Outages>,
     /// (when, busy seconds per voice) at the last beat.
     last: std::sync::Mutex<Option<(std::time::Instant, Vec<f64>)>>,
 }
@@ -40,6 +41,7 @@ impl Describe {
         hardware: serde_json::Value,
         instance: Uuid,
         reports: Vec<Report>,
+        outages: Arc<crate::outage::Outages>,
     ) -> Self {
         Self {
             id,
@@ -48,6 +50,7 @@ impl Describe {
             hardware,
             instance,
             reports,
+            outages,
             last: std::sync::Mutex::new(None),
         }
     }
@@ -96,6 +99,7 @@ impl Describe {
                     o.insert("oom_events".into(), st.oom_events.into());
                     o.insert("last_oom".into(), st.last_oom.into());
                     o.insert("fallback".into(), st.fallback.into());
+                    o.insert("outage".into(), self.outages.describe());
                 }
                 v
             })
@@ -124,10 +128,21 @@ pub(crate) async fn heartbeat(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(every);
+    let mut failing = false;
     loop {
         let info = describe.info();
-        if let Err(e) = narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await {
-            tracing::warn!(error = %e, "heartbeat failed");
+        match narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await {
+            // Once per outage, not once per beat.
+            Err(e) if !failing => {
+                tracing::warn!(error = %e, "heartbeat failed; retrying every beat");
+                failing = true;
+            }
+            Err(e) => tracing::debug!(error = %e, "heartbeat failed again"),
+            Ok(()) if failing => {
+                tracing::warn!("heartbeat written again");
+                failing = false;
+            }
+            Ok(()) => {}
         }
         tokio::select! {
             biased;

@@ -22,6 +22,7 @@
 pub mod assembler;
 pub mod guard;
 pub mod heartbeat;
+pub mod outage;
 pub mod publish;
 pub mod reconciler;
 pub mod state;
@@ -169,6 +170,7 @@ impl Worker {
         let (complete_tx, complete_rx) = mpsc::unbounded_channel();
         let done = Arc::new(AtomicU64::new(0));
         let mut reports = Vec::new();
+        let outages = Arc::new(outage::Outages::new());
         let mut loops = tokio::task::JoinSet::new();
         for v in voices {
             let name = v.voice.clone();
@@ -188,6 +190,7 @@ impl Worker {
                 pool.clone(),
                 stop.clone(),
                 id.clone(),
+                outages.clone(),
             ));
             let stages = Stages {
                 synth,
@@ -230,6 +233,7 @@ impl Worker {
             hardware,
             instance,
             reports,
+            outages,
         ));
         let mut services = tokio::task::JoinSet::new();
         services.spawn(heartbeat::heartbeat(
