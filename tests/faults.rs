@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use narrator_broker::{Publisher, SegmentMessage, work_queue};
 use narrator_db::{JobState, Uuid};
-use narrator_test_support::{VOICE, World, book_text, check_job, root};
+use narrator_test_support::{
+    PrivatePostgres, PrivateRabbit, Services, VOICE, World, book_text, check_job, root,
+};
 
 fn segments_of(w: &World, job: Uuid) -> Vec<narrator_core::Segment> {
     w.rt.block_on(narrator_db::load_job(&w.pool, job))
@@ -407,6 +409,87 @@ fn an_object_store_outage_while_synthesizing_charges_no_attempt_and_loses_nothin
     assert!(
         attempts.iter().all(|&a| a == 1),
         "no attempt charged: {attempts:?}"
+    );
+    assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 0);
+}
+
+/// Promise 6: a broker restart (stop_app, start_app: an upgrade) is survived by the
+/// worker: it consumes again and a book submitted afterwards is done. A broker gone for
+/// good ends the worker with an error, so its supervisor restarts it, instead of a worker
+/// that idles with a healthy-looking heartbeat.
+#[test]
+fn a_broker_restart_is_survived_and_a_broker_gone_for_good_stops_the_worker() {
+    let rabbit = PrivateRabbit::start(5682);
+    let mut w = World::on(Services {
+        rabbit_node: Some(rabbit.node.clone()),
+        amqp_port: rabbit.port,
+        ..Services::shared()
+    });
+    let worker = w.worker("b1", &["--engine", "null", "--broker-timeout", "15"], &[]);
+    let first = w.submit(
+        &w.book("before.md", &book_text(1, 4, None)),
+        &["--format", "wav"],
+    );
+    w.wait_state(first, JobState::Done, Duration::from_secs(60));
+    rabbit.stop_app();
+    std::thread::sleep(Duration::from_secs(5));
+    rabbit.start_app();
+    let second = w.submit(
+        &w.book("after.md", &book_text(2, 3, None)),
+        &["--format", "wav"],
+    );
+    w.wait_state(second, JobState::Done, Duration::from_secs(90));
+    check_job(&w, first, false);
+    check_job(&w, second, false);
+    // Gone for good: the worker gives up after --broker-timeout and exits non-zero.
+    rabbit.stop_app();
+    let status = w.wait_exit(worker, Duration::from_secs(60));
+    let log = w.worker_log("b1");
+    assert!(!status.success(), "{log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{log}");
+    assert!(errors[0].contains("RabbitMQ"), "{}", errors[0]);
+}
+
+/// Promise 5 and 6 for the database: Postgres restarts (fast shutdown, as in a failover)
+/// while a book is being synthesized. Nothing fails, nothing is dead-lettered, no
+/// attempt is charged for the outage, and the job finishes by itself.
+#[test]
+fn a_database_restart_mid_book_loses_nothing_and_charges_no_attempt() {
+    let pg = PrivatePostgres::start(5442);
+    let mut w = World::on(Services {
+        admin_url: pg.url(),
+        ..Services::shared()
+    });
+    w.worker("p1", &[], &[]);
+    let job = w.submit(
+        &w.book("pg.md", &book_text(2, 8, None)),
+        &["--format", "wav"],
+    );
+    eventually(Duration::from_secs(120), "the first segments done", || {
+        w.done_count(job) >= 2
+    });
+    assert!(w.done_count(job) < 16, "the outage must come mid-book");
+    pg.down();
+    std::thread::sleep(Duration::from_secs(8));
+    pg.up();
+    w.wait_state(job, JobState::Done, Duration::from_secs(180));
+    check_job(&w, job, false);
+    let (failed, max_attempts): (i64, i32) =
+        w.rt.block_on(
+            sqlx::query_as(
+                "SELECT count(*) FILTER (WHERE state = 'failed'), max(attempts) \
+                 FROM segments WHERE job_id = $1",
+            )
+            .bind(job)
+            .fetch_one(&w.pool),
+        )
+        .expect("segments");
+    assert_eq!((failed, max_attempts), (0, 1), "{}", w.logs());
+    let log = w.worker_log("p1");
+    assert!(
+        log.contains("a service is away"),
+        "the worker saw the outage: {log}"
     );
     assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 0);
 }

@@ -66,14 +66,49 @@ pub fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
-/// The same server, database `name`.
+/// The shared server, database `name`.
 pub fn database_url(name: &str) -> String {
-    let admin = admin_url();
+    database_url_on(&admin_url(), name)
+}
+
+/// The server of `admin`, database `name`.
+pub fn database_url_on(admin: &str, name: &str) -> String {
     match admin.rfind('/') {
         Some(i) if admin[..i].contains("://") && admin[i..].len() > 1 => {
             format!("{}/{name}", &admin[..i])
         }
         _ => panic!("cannot derive a database URL from {admin}"),
+    }
+}
+
+/// Where a World's services are.
+#[derive(Debug, Clone)]
+pub struct Services {
+    /// A Postgres admin URL (databases are created on its server).
+    pub admin_url: String,
+    /// The RabbitMQ node (`rabbitmqctl -n`); `None`: the default node.
+    pub rabbit_node: Option<String>,
+    /// Its AMQP port.
+    pub amqp_port: u16,
+}
+
+impl Services {
+    /// The shared services of the machine (Postgres of `DATABASE_URL`, RabbitMQ 5672).
+    pub fn shared() -> Self {
+        Self {
+            admin_url: admin_url(),
+            rabbit_node: None,
+            amqp_port: 5672,
+        }
+    }
+
+    fn rabbitmqctl(&self, args: &[&str]) -> String {
+        let mut all: Vec<&str> = Vec::new();
+        if let Some(node) = &self.rabbit_node {
+            all.extend(["-n", node.as_str()]);
+        }
+        all.extend_from_slice(args);
+        rabbitmqctl(&all)
     }
 }
 
@@ -90,11 +125,9 @@ fn rabbitmqctl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
-/// Creates the empty database `name` on the test server.
-pub async fn create_database(name: &str) {
-    let admin_pool = narrator_db::connect(&admin_url())
-        .await
-        .expect("admin database");
+/// Creates the empty database `name` on the server of `admin`.
+pub async fn create_database(admin: &str, name: &str) {
+    let admin_pool = narrator_db::connect(admin).await.expect("admin database");
     sqlx::query(&format!("CREATE DATABASE {name}"))
         .execute(&admin_pool)
         .await
@@ -130,12 +163,19 @@ pub struct World {
     /// The S3 server and bucket of this world's commands and checks (the shared test
     /// server unless a test points it at its own with [`World::use_s3_endpoint`]).
     s3_endpoint: Option<String>,
+    services: Services,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl World {
-    /// A fresh database (migrated with `narrator migrate`) and a fresh vhost.
+    /// A fresh database (migrated with `narrator migrate`) and a fresh vhost on the
+    /// shared services.
     pub fn new() -> Self {
+        Self::on(Services::shared())
+    }
+
+    /// The same on other servers (a private Postgres or RabbitMQ node of a fault test).
+    pub fn on(services: Services) -> Self {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         assert!(
             std::env::var("NARRATOR_S3_ENDPOINT").is_ok(),
@@ -148,8 +188,8 @@ impl World {
             .build()
             .expect("runtime");
         let vhost = format!("narrator-test-{}", Uuid::new_v4().simple());
-        rabbitmqctl(&["-q", "add_vhost", &vhost]);
-        rabbitmqctl(&[
+        services.rabbitmqctl(&["-q", "add_vhost", &vhost]);
+        services.rabbitmqctl(&[
             "-q",
             "set_permissions",
             "-p",
@@ -159,11 +199,14 @@ impl World {
             ".*",
             ".*",
         ]);
-        let amqp_url = format!("amqp://guest:guest@127.0.0.1:5672/{vhost}");
+        let amqp_url = format!(
+            "amqp://guest:guest@127.0.0.1:{}/{vhost}",
+            services.amqp_port
+        );
         let db_name = format!("narrator_sys_{}", Uuid::new_v4().simple());
-        let db_url = database_url(&db_name);
+        let db_url = database_url_on(&services.admin_url, &db_name);
         let pool = rt.block_on(async {
-            create_database(&db_name).await;
+            create_database(&services.admin_url, &db_name).await;
             narrator_db::connect(&db_url).await.expect("test database")
         });
         let world = Self {
@@ -176,6 +219,7 @@ impl World {
             workers: Vec::new(),
             tmp: tempfile::tempdir().expect("tmp"),
             s3_endpoint: std::env::var("NARRATOR_S3_ENDPOINT").ok(),
+            services,
             _serial: serial,
         };
         let out = world.ok(&["migrate"]);
@@ -186,9 +230,10 @@ impl World {
     /// Another fresh, migrated database on the same server (another cluster): its URL.
     pub fn other_database(&mut self) -> String {
         let name = format!("narrator_sys_{}", Uuid::new_v4().simple());
-        self.rt.block_on(create_database(&name));
+        self.rt
+            .block_on(create_database(&self.services.admin_url, &name));
         self.db_names.push(name.clone());
-        let url = database_url(&name);
+        let url = database_url_on(&self.services.admin_url, &name);
         let out = self
             .cmd()
             .env("NARRATOR_DATABASE_URL", &url)
@@ -405,25 +450,26 @@ impl World {
     /// `rabbitmqctl list_channels` of this vhost: (prefetch, unacknowledged) of each
     /// channel that consumes.
     pub fn consumer_holdings(&self) -> Vec<(u64, u64)> {
-        rabbitmqctl(&[
-            "-q",
-            "--no-table-headers",
-            "list_channels",
-            "-p",
-            &self.vhost,
-            "prefetch_count",
-            "messages_unacknowledged",
-            "consumer_count",
-        ])
-        .lines()
-        .filter_map(|l| {
-            let n: Vec<u64> = l
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            (n.len() == 3 && n[2] > 0).then(|| (n[0], n[1]))
-        })
-        .collect()
+        self.services
+            .rabbitmqctl(&[
+                "-q",
+                "--no-table-headers",
+                "list_channels",
+                "-p",
+                &self.vhost,
+                "prefetch_count",
+                "messages_unacknowledged",
+                "consumer_count",
+            ])
+            .lines()
+            .filter_map(|l| {
+                let n: Vec<u64> = l
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                (n.len() == 3 && n[2] > 0).then(|| (n[0], n[1]))
+            })
+            .collect()
     }
 
     /// This world's bucket.
@@ -482,9 +528,10 @@ impl Drop for World {
         }
         let pool = self.pool.clone();
         let names = self.db_names.clone();
+        let admin = self.services.admin_url.clone();
         self.rt.block_on(async move {
             pool.close().await;
-            if let Ok(p) = narrator_db::connect(&admin_url()).await {
+            if let Ok(p) = narrator_db::connect(&admin).await {
                 for name in names {
                     let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                         .execute(&p)
@@ -492,9 +539,11 @@ impl Drop for World {
                 }
             }
         });
-        let _ = Command::new("rabbitmqctl")
-            .args(["-q", "delete_vhost", &self.vhost])
-            .output();
+        let mut c = Command::new("rabbitmqctl");
+        if let Some(node) = &self.services.rabbit_node {
+            c.args(["-n", node]);
+        }
+        let _ = c.args(["-q", "delete_vhost", &self.vhost]).output();
     }
 }
 
@@ -644,5 +693,228 @@ pub fn check_job(w: &World, job: Uuid, kept_intermediates: bool) {
         assert!(left > 0, "intermediates kept");
     } else {
         assert_eq!(left, 0, "no intermediate object left once done");
+    }
+}
+
+/// Runs `cmd`, which must succeed; returns stdout.
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn wait_port(port: u16, up: bool, within: Duration) {
+    let deadline = Instant::now() + within;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() != up {
+        assert!(
+            Instant::now() < deadline,
+            "port {port} did not go {}",
+            if up { "up" } else { "down" }
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A private RabbitMQ node: its own node name, AMQP port, distribution port, data and
+/// log folders and no plugins, started and stopped by the test (the shared broker on
+/// 5672 is untouched). Stopped and deleted on drop.
+pub struct PrivateRabbit {
+    /// The node name (`rabbitmqctl -n NODE`).
+    pub node: String,
+    /// Its AMQP port.
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl PrivateRabbit {
+    /// Starts a node listening on `port` (distribution on `port + 20000`).
+    pub fn start(port: u16) -> Self {
+        let dir = tempfile::tempdir().expect("rabbit dir");
+        std::fs::write(dir.path().join("enabled_plugins"), "[].\n").expect("plugins");
+        // Run as root, Debian's rabbitmq-server switches to the rabbitmq user.
+        give_to("rabbitmq", dir.path());
+        let node = format!("narrator-test-{port}@localhost");
+        let rabbit = Self { node, port, dir };
+        run_ok(
+            rabbit
+                .env(&mut Command::new("rabbitmq-server"))
+                .arg("-detached"),
+        );
+        // The node registers a moment after -detached returns.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !Command::new("rabbitmqctl")
+            .args(["-q", "-n", &rabbit.node, "await_startup", "--timeout", "60"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            assert!(
+                Instant::now() < deadline,
+                "RabbitMQ node {} did not start",
+                rabbit.node
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        wait_port(port, true, Duration::from_secs(30));
+        rabbit
+    }
+
+    fn env<'a>(&self, c: &'a mut Command) -> &'a mut Command {
+        let d = self.dir.path();
+        c.env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env(
+                "RABBITMQ_DIST_PORT",
+                (u32::from(self.port) + 20000).to_string(),
+            )
+            .env("RABBITMQ_MNESIA_BASE", d.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", d.join("log"))
+            .env("RABBITMQ_PID_FILE", d.join("pid"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
+            .env("RABBITMQ_CONFIG_FILE", d.join("none"))
+            .env(
+                "RABBITMQ_ADVANCED_CONFIG_FILE",
+                d.join("none-advanced.config"),
+            )
+            .stdin(Stdio::null())
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:PORT/%2f`
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// `rabbitmqctl stop_app`: the broker stops serving (connections dropped), as in an
+    /// upgrade; the node stays up.
+    pub fn stop_app(&self) {
+        run_ok(Command::new("rabbitmqctl").args(["-q", "-n", &self.node, "stop_app"]));
+        wait_port(self.port, false, Duration::from_secs(30));
+    }
+
+    /// `rabbitmqctl start_app`.
+    pub fn start_app(&self) {
+        run_ok(Command::new("rabbitmqctl").args(["-q", "-n", &self.node, "start_app"]));
+        run_ok(Command::new("rabbitmqctl").args([
+            "-n",
+            &self.node,
+            "await_startup",
+            "--timeout",
+            "60",
+        ]));
+        wait_port(self.port, true, Duration::from_secs(30));
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        let _ = Command::new("rabbitmqctl")
+            .args(["-q", "-n", &self.node, "stop"])
+            .output();
+    }
+}
+
+/// A private Postgres cluster: `initdb` in a temporary folder (run as the `postgres`
+/// user when the test runs as root, as Postgres refuses root), its own port, started,
+/// stopped and restarted by the test. Stopped and deleted on drop.
+pub struct PrivatePostgres {
+    /// Its port.
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// When running as root: `dir` belongs to `user` (a server that runs as that user
+/// writes there).
+fn give_to(user: &str, dir: &Path) {
+    if is_root() {
+        run_ok(
+            Command::new("chown")
+                .args(["-R", &format!("{user}:{user}")])
+                .arg(dir),
+        );
+    }
+}
+
+fn as_postgres(program: &str) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--", program]);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+impl PrivatePostgres {
+    /// A new cluster on `port`, started, with trust authentication on 127.0.0.1.
+    pub fn start(port: u16) -> Self {
+        let dir = tempfile::tempdir().expect("pg dir");
+        let data = dir.path().join("data");
+        give_to("postgres", dir.path());
+        run_ok(
+            as_postgres("initdb")
+                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+                .arg(&data),
+        );
+        let pg = Self { port, dir };
+        pg.up();
+        pg
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts the server.
+    pub fn up(&self) {
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            self.port,
+            self.dir.path().display()
+        );
+        run_ok(
+            as_postgres("pg_ctl")
+                .args(["-w", "-t", "60", "-D"])
+                .arg(self.data())
+                .args(["-o", &opts, "-l"])
+                .arg(self.dir.path().join("log"))
+                .arg("start"),
+        );
+    }
+
+    /// Stops the server (fast shutdown: sessions are cut, as in a failover).
+    pub fn down(&self) {
+        run_ok(
+            as_postgres("pg_ctl")
+                .args(["-w", "-D"])
+                .arg(self.data())
+                .args(["-m", "fast", "stop"]),
+        );
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = as_postgres("pg_ctl")
+            .args(["-w", "-D"])
+            .arg(self.data())
+            .args(["-m", "immediate", "stop"])
+            .output();
     }
 }

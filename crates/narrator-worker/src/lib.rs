@@ -86,6 +86,9 @@ pub struct WorkerConfig {
     /// Keep a finished job's segment audio and packs (for debugging) instead of
     /// deleting them once its outputs are stored.
     pub keep_intermediates: bool,
+    /// How long the broker connection may stay down (lapin reconnecting) before the
+    /// worker gives up and fails, for its supervisor to restart it.
+    pub broker_timeout: Duration,
 }
 
 /// A worker's failure.
@@ -109,6 +112,18 @@ pub enum WorkerError {
     /// A loop panicked.
     #[error("worker loop panicked: {0}")]
     Panicked(String),
+    /// The broker connection was lost and not recovered in time.
+    #[error(
+        "lost the connection to RabbitMQ and could not reconnect within {} s ({state}); \
+         the worker stops so that its supervisor restarts it: check the broker",
+        .waited.as_secs()
+    )]
+    BrokerLost {
+        /// How long it waited.
+        waited: Duration,
+        /// The connection's last state.
+        state: String,
+    },
 }
 
 /// What a worker did, once stopped.
@@ -121,6 +136,7 @@ pub struct Summary {
 /// A started worker: its loops run; [`Worker::run_until`] waits for them.
 pub struct Worker {
     id: String,
+    broker_timeout: Duration,
     pool: PgPool,
     conn: lapin::Connection,
     stop_tx: watch::Sender<bool>,
@@ -150,6 +166,7 @@ impl Worker {
             heartbeat: every,
             lease,
             keep_intermediates,
+            broker_timeout,
         } = config;
         let instance = Uuid::new_v4();
         let cluster = narrator_db::cluster_id(&pool).await?;
@@ -272,6 +289,7 @@ impl Worker {
         ));
         Ok(Self {
             id,
+            broker_timeout,
             pool,
             conn,
             stop_tx,
@@ -302,20 +320,86 @@ impl Worker {
             Some(r) = self.loops.join_next() => {
                 failure = loop_failure(r);
             }
+            lost = broker_lost(&self.conn, self.broker_timeout) => {
+                failure = Some(lost);
+            }
         }
         let _ = self.stop_tx.send(true);
-        while let Some(r) = self.loops.join_next().await {
-            failure = failure.or(loop_failure(r));
-        }
-        while self.services.join_next().await.is_some() {}
+        // Without a broker the loops cannot settle what they hold: give them a bounded
+        // time (the broker redelivers whatever was not acknowledged).
+        let broker_gone = matches!(failure, Some(WorkerError::BrokerLost { .. }));
+        let (loops, services) = (&mut self.loops, &mut self.services);
+        let drain = async {
+            let mut later = None;
+            while let Some(r) = loops.join_next().await {
+                later = later.or(loop_failure(r));
+            }
+            while services.join_next().await.is_some() {}
+            later
+        };
+        let later = if broker_gone {
+            tokio::time::timeout(DRAIN_WITHOUT_BROKER, drain)
+                .await
+                .unwrap_or_default()
+        } else {
+            drain.await
+        };
+        self.loops.abort_all();
+        self.services.abort_all();
+        let failure = failure.or(later);
         let done = self.done.load(Ordering::Relaxed);
         let _ = narrator_db::heartbeat(&self.pool, &self.describe.info(), done).await;
-        let _ = self.conn.close(200, "worker stopped".into()).await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.conn.close(200, "worker stopped".into()),
+        )
+        .await;
         match failure {
             Some(e) => Err(e),
             None => Ok(Summary {
                 segments_done: done,
             }),
+        }
+    }
+}
+
+/// How long a worker that lost its broker waits for its loops before it exits.
+const DRAIN_WITHOUT_BROKER: Duration = Duration::from_secs(10);
+
+/// Resolves once the connection has not been connected for `timeout` (lapin reconnects
+/// with backoff meanwhile), or at once when lapin gave up.
+async fn broker_lost(conn: &lapin::Connection, timeout: Duration) -> WorkerError {
+    let mut down_since: Option<std::time::Instant> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let status = conn.status();
+        if status.connected() {
+            if let Some(since) = down_since.take() {
+                tracing::warn!(
+                    seconds = since.elapsed().as_secs_f64(),
+                    "RabbitMQ connection recovered"
+                );
+            }
+            continue;
+        }
+        let since = *down_since.get_or_insert_with(|| {
+            tracing::warn!(
+                timeout_s = timeout.as_secs(),
+                "RabbitMQ connection lost; reconnecting"
+            );
+            std::time::Instant::now()
+        });
+        let gave_up = status.closed() || status.errored();
+        if gave_up || since.elapsed() >= timeout {
+            return WorkerError::BrokerLost {
+                waited: since.elapsed(),
+                state: if gave_up {
+                    "reconnection attempts exhausted".into()
+                } else {
+                    "still reconnecting".into()
+                },
+            };
         }
     }
 }

@@ -282,6 +282,10 @@ pub(crate) struct WorkerArgs {
     /// deleting them once its outputs are stored.
     #[arg(long, env = "NARRATOR_KEEP_INTERMEDIATES")]
     pub(crate) keep_intermediates: bool,
+    /// Seconds the RabbitMQ connection may stay lost (reconnecting) before the worker
+    /// exits with an error, for its supervisor to restart it.
+    #[arg(long, env = "NARRATOR_BROKER_TIMEOUT", default_value_t = 120)]
+    pub(crate) broker_timeout: u64,
     /// Seconds between heartbeats; another worker takes over an assembly whose
     /// assembler missed heartbeats for 6 times this.
     #[arg(long, default_value_t = 5)]

@@ -197,6 +197,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         heartbeat: Duration::from_secs(args.heartbeat.max(1)),
         lease: Duration::from_secs(args.lease.max(1)),
         keep_intermediates: args.keep_intermediates,
+        broker_timeout: Duration::from_secs(args.broker_timeout.max(1)),
     };
     let worker = Worker::start(config).await?;
     eprintln!("worker {worker_id} ready");
