@@ -493,3 +493,87 @@ fn a_database_restart_mid_book_loses_nothing_and_charges_no_attempt() {
     );
     assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 0);
 }
+
+/// Promise 6 for the producer: the broker refuses a publish in the middle of a folder
+/// (a length limit set by policy, as a full or failing broker would). Every book is
+/// still recorded, the output says which are not fully enqueued, and a worker's
+/// reconciler enqueues them: every book ends done.
+#[test]
+fn a_broker_refusing_mid_folder_leaves_every_book_recorded_and_eventually_done() {
+    let mut w = World::new();
+    let dir = w.tmp.path().join("folder");
+    std::fs::create_dir_all(&dir).expect("folder");
+    for n in 1..=3 {
+        std::fs::write(dir.join(format!("book{n}.md")), book_text(1, 4, None)).expect("book");
+    }
+    let vhost = w.amqp_url.rsplit('/').next().expect("vhost").to_string();
+    let policy = |args: &[&str]| {
+        let out = Command::new("rabbitmqctl")
+            .args(args)
+            .output()
+            .expect("rabbitmqctl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // Declare the queues first (a worker would), then cap them at 6 messages.
+    w.rt.block_on(async {
+        let conn = narrator_broker::connect(&w.amqp_url).await.expect("amqp");
+        let ch = conn.create_channel().await.expect("channel");
+        narrator_broker::declare(&ch, VOICE).await.expect("declare");
+        let _ = conn.close(200, "ok".into()).await;
+    });
+    policy(&[
+        "-q",
+        "set_policy",
+        "-p",
+        &vhost,
+        "cap",
+        "^narrator\\.segments\\.",
+        r#"{"max-length":6,"overflow":"reject-publish"}"#,
+        "--apply-to",
+        "queues",
+    ]);
+    let out = w
+        .cmd()
+        .args([
+            "submit",
+            dir.to_str().expect("utf8"),
+            "--json",
+            "--format",
+            "wav",
+        ])
+        .output()
+        .expect("submit");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), 3, "every book recorded: {stdout}");
+    let published: Vec<bool> = lines
+        .iter()
+        .map(|l| l["published"].as_bool().expect("published"))
+        .collect();
+    // The quorum queue applies its limit loosely (a few messages over it get in): the
+    // first book is enqueued, the last is refused.
+    assert!(published[0] && !published[2], "{stdout}");
+    let refused = published.iter().filter(|p| !**p).count();
+    assert!(
+        stderr.contains(&format!(
+            "{refused} of 3 books are recorded but not fully enqueued"
+        )),
+        "{stderr}"
+    );
+    policy(&["-q", "clear_policy", "-p", &vhost, "cap"]);
+    w.worker("r1", &["--engine", "null", "--reconcile-after", "1"], &[]);
+    for l in &lines {
+        let job: Uuid = l["job_id"].as_str().expect("id").parse().expect("uuid");
+        w.wait_state(job, JobState::Done, Duration::from_secs(60));
+        check_job(&w, job, false);
+    }
+}

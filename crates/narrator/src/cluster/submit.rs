@@ -114,6 +114,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     narrator_broker::declare(&channel, &voice.name).await?;
     let publisher = Publisher::new(&conn).await?;
     let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
+    let mut unpublished = 0;
     for plan in &plans {
         let job = narrator_db::create_job(&pool, plan, format.extension(), args.priority).await?;
         narrator_db::set_settings(&pool, job, &settings).await?;
@@ -121,7 +122,9 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             // Fault injection for the outbox test: die like a killed producer would.
             std::process::abort();
         }
-        narrator_worker::publish_segments(
+        // A broker that drops or refuses a publish does not lose the book: it is recorded,
+        // and a worker's reconciler enqueues what was not confirmed. The other books go on.
+        let published = narrator_worker::publish_segments(
             &pool,
             &publisher,
             &cluster_id,
@@ -129,12 +132,15 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             &voice.name,
             &plan.segments,
         )
-        .await
-            .with_context(|| {
-                format!(
-                    "job {job} is recorded; its unpublished segments will be enqueued by a worker's reconciler"
-                )
-            })?;
+        .await;
+        if let Err(e) = &published {
+            unpublished += 1;
+            eprintln!(
+                "warning: {}: job {job} is recorded but not all of it is enqueued ({}); a worker's reconciler enqueues the rest",
+                plan.source,
+                e.to_string().replace('\n', " ")
+            );
+        }
         if args.json {
             let v = serde_json::json!({
                 "job_id": job,
@@ -144,6 +150,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
                 "format": format.extension(),
                 "chapters": plan.chapters.len(),
                 "segments": plan.segments.len(),
+                "published": published.is_ok(),
             });
             println!("{v}");
         } else {
@@ -154,6 +161,12 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
                 plan.segments.len()
             );
         }
+    }
+    if unpublished > 0 {
+        eprintln!(
+            "warning: {unpublished} of {} books are recorded but not fully enqueued; nothing is lost: workers enqueue them (`narrator worker --reconcile-after`, default 30 s)",
+            plans.len()
+        );
     }
     let _ = conn.close(200, "done".into()).await;
     Ok(())
