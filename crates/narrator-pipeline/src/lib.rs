@@ -91,6 +91,10 @@ pub enum PipelineError {
     /// A bug.
     #[error("internal error: {0}")]
     Internal(&'static str),
+    /// Synthesizing the segment panicked (a bug of the engine or its glue on this
+    /// input). Caught per batch: the segment fails alone; the process goes on.
+    #[error("synthesis panicked: {0}")]
+    Panicked(String),
 }
 
 impl PipelineError {
@@ -99,9 +103,11 @@ impl PipelineError {
     /// for the moment (out of memory, a stopped session); the stores say for themselves.
     pub fn retry_class(&self) -> RetryClass {
         match self {
-            PipelineError::Phonemes(_) | PipelineError::Audio(_) | PipelineError::Manifest(_) => {
-                RetryClass::Permanent
-            }
+            // A panic reproduced on the segment alone repeats on every try.
+            PipelineError::Phonemes(_)
+            | PipelineError::Audio(_)
+            | PipelineError::Manifest(_)
+            | PipelineError::Panicked(_) => RetryClass::Permanent,
             PipelineError::Engine(e) => match e {
                 narrator_engine::EngineError::UnknownVoice { .. }
                 | narrator_engine::EngineError::VoiceConfig { .. }
@@ -149,6 +155,7 @@ impl PipelineError {
                 permanent: false, ..
             } => "engine_transient",
             PipelineError::Internal(_) => "internal",
+            PipelineError::Panicked(_) => "panic",
         }
     }
 }

@@ -196,6 +196,30 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// [`Synthesizer::synthesize`] with a panic turned into [`PipelineError::Panicked`]: a
+/// segment that makes the engine's glue panic fails like any other (alone, once the
+/// batch is run again one segment at a time), and the worker goes on.
+async fn synthesize_caught(
+    synth: &Synthesizer,
+    batch: Vec<Prepared>,
+) -> Result<Vec<crate::synth::Synthesized>, PipelineError> {
+    use futures_util::FutureExt;
+    match std::panic::AssertUnwindSafe(synth.synthesize(batch))
+        .catch_unwind()
+        .await
+    {
+        Ok(r) => r,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(PipelineError::Panicked(what))
+        }
+    }
+}
+
 /// Synthesizes one batch, stores and records each segment, then acknowledges it.
 async fn run_batch<Q, A, S>(
     batch: Vec<Ready<Q::Ticket>>,
@@ -213,7 +237,7 @@ where
     let started_ms = unix_ms();
     let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
     let backup = (isolate && prepared.len() > 1).then(|| prepared.clone());
-    let done = match stages.synth.synthesize(prepared).await {
+    let done = match synthesize_caught(&stages.synth, prepared).await {
         Ok(d) => d
             .into_iter()
             .zip(deliveries)
@@ -243,7 +267,7 @@ where
                 // Find the segment(s) at fault: each alone.
                 let mut each = Vec::with_capacity(deliveries.len());
                 for (p, d) in prepared.into_iter().zip(deliveries) {
-                    let r = stages.synth.synthesize(vec![p]).await;
+                    let r = synthesize_caught(&stages.synth, vec![p]).await;
                     each.push((r.map(|mut v| v.remove(0)), d));
                 }
                 each
@@ -337,19 +361,20 @@ where
     let (tx, mut rx) = mpsc::channel::<Result<Ready<Q::Ticket>, Failed<Q::Ticket>>>(64);
     let (pq, ps) = (queue.clone(), synth.clone());
     let isolate = opts.isolate_failures;
-    let prep = tokio::spawn(async move {
-        // Pull deliveries in order; what has arrived together (up to PREP_CHUNK) is
-        // phonemized in one blocking task (espeak-ng runs one text at a time anyway, so
-        // this saves a thread hop per segment), and up to PREP_AHEAD such tasks overlap
-        // the queue's round trips.
-        let deliveries = stream::unfold(pq, |q| async move {
-            match q.next().await {
-                Ok(Some(d)) => Some((Ok(d), q)),
-                Ok(None) => None,
-                Err(e) => Some((Err(e), q)),
-            }
-        });
-        let prepared = deliveries
+    let prep =
+        tokio::spawn(async move {
+            // Pull deliveries in order; what has arrived together (up to PREP_CHUNK) is
+            // phonemized in one blocking task (espeak-ng runs one text at a time anyway, so
+            // this saves a thread hop per segment), and up to PREP_AHEAD such tasks overlap
+            // the queue's round trips.
+            let deliveries = stream::unfold(pq, |q| async move {
+                match q.next().await {
+                    Ok(Some(d)) => Some((Ok(d), q)),
+                    Ok(None) => None,
+                    Err(e) => Some((Err(e), q)),
+                }
+            });
+            let prepared = deliveries
             .ready_chunks(PREP_CHUNK)
             .map(move |chunk| {
                 let ps = ps.clone();
@@ -360,7 +385,15 @@ where
                             .into_iter()
                             .map(|r| {
                                 let d = r.map_err(|e| Failed::Fatal(e.into()))?;
-                                match ps.prepare(d.segment.clone()) {
+                                let segment = d.segment.clone();
+                                // A panic while phonemizing fails this segment only.
+                                let prepared = std::panic::catch_unwind(
+                                    std::panic::AssertUnwindSafe(|| ps.prepare(segment)),
+                                )
+                                .unwrap_or_else(|_| {
+                                    Err(PipelineError::Panicked("phonemizing the segment".into()))
+                                });
+                                match prepared {
                                     Ok(p) => Ok((p, d)),
                                     Err(e) if isolate => Err(Failed::Segment(d, Box::new(e))),
                                     Err(e) => Err(Failed::Fatal(e)),
@@ -381,14 +414,14 @@ where
             })
             .buffered(PREP_AHEAD)
             .flat_map(stream::iter);
-        let mut prepared = std::pin::pin!(prepared);
-        while let Some(item) = prepared.next().await {
-            let stop = matches!(item, Err(Failed::Fatal(_)));
-            if tx.send(item).await.is_err() || stop {
-                break;
+            let mut prepared = std::pin::pin!(prepared);
+            while let Some(item) = prepared.next().await {
+                let stop = matches!(item, Err(Failed::Fatal(_)));
+                if tx.send(item).await.is_err() || stop {
+                    break;
+                }
             }
-        }
-    });
+        });
 
     let slots = Arc::new(Semaphore::new(opts.in_flight.max(1)));
     let storer = Storer::spawn(stages.clone(), opts.worker.clone(), opts.pack_max);

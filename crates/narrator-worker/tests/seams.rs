@@ -1,0 +1,128 @@
+//! The worker library through its in-process seams, against the real services (a
+//! database, a broker vhost and the S3 server from `narrator_test_support`): a
+//! synthesizer is handed in directly, so a test can make one segment panic without any
+//! hook in the production binary.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use narrator_db::JobState;
+use narrator_pipeline::{Budget, Synthesizer};
+use narrator_test_support::{VOICE, World, book_text, root};
+use narrator_worker::{VoiceEngine, Worker, WorkerConfig};
+
+/// A null-engine synthesizer (silence of the right length) whose segments containing
+/// `panic_on` panic in synthesis.
+fn panicking_synth(panic_on: &'static str) -> Synthesizer {
+    let deps = root().join(".deps");
+    let voice = narrator_engine::Voice::find(&deps.join("voices"), VOICE).expect("voice");
+    let phonemizer = narrator_phonemes::Phonemizer::new(&deps).expect("espeak-ng data");
+    let pool = narrator_engine::EnginePool::start_with(1, |_| {
+        Ok(Box::new(narrator_engine::NullBackend {
+            samples_per_id: 384,
+        }) as Box<dyn narrator_engine::Backend>)
+    })
+    .expect("pool");
+    let scales = voice.config.scales;
+    Synthesizer::new(&voice, phonemizer, pool, scales)
+        .expect("synth")
+        .with_budget(Budget {
+            max_tokens: 16 * 512,
+            max_requests: 16,
+            max_wait: Duration::from_millis(200),
+        })
+        .with_fault(Arc::new(move |s| {
+            if s.text.contains(panic_on) {
+                panic!("injected panic on segment {}", s.index);
+            }
+            None
+        }))
+}
+
+fn config(w: &World, synth: Synthesizer) -> WorkerConfig {
+    WorkerConfig {
+        id: "seams".into(),
+        host: "test".into(),
+        engine: "null".into(),
+        voices: vec![VoiceEngine {
+            voice: VOICE.into(),
+            synth,
+            plan: serde_json::json!({}),
+            prefetch: 32,
+            in_flight: 1,
+        }],
+        pool: w.pool.clone(),
+        store: w.store(),
+        amqp_url: w.amqp_url.clone(),
+        device: "cpu".into(),
+        hardware: serde_json::json!({}),
+        pack_max: 64,
+        reconcile_after: Duration::from_secs(30),
+        heartbeat: Duration::from_secs(1),
+        lease: Duration::from_secs(300),
+        keep_intermediates: false,
+        broker_timeout: Duration::from_secs(60),
+    }
+}
+
+/// Promise 7: a segment that makes synthesis panic takes only itself down. Its batch
+/// is run again one segment at a time; it is dead-lettered with the panic as its reason,
+/// its neighbours are done on their first attempt, and the worker keeps running.
+#[test]
+fn a_panicking_segment_fails_alone_and_its_neighbours_are_not_charged() {
+    let w = World::new();
+    let book = w.book(
+        "panic.md",
+        &book_text(1, 6, Some((3, "This sentence makes the engine panic."))),
+    );
+    let job = w.submit(&book, &["--format", "wav"]);
+    let worker =
+        w.rt.block_on(Worker::start(config(
+            &w,
+            panicking_synth("makes the engine panic"),
+        )))
+        .expect("worker starts");
+    let pool = w.pool.clone();
+    let ended = async move {
+        loop {
+            let state = narrator_db::job_state(&pool, job).await.expect("state");
+            if state.is_some_and(|s| s.is_final()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let waited = w.rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), worker.run_until(ended)).await
+    });
+    let summary = waited
+        .expect("the job ends")
+        .expect("the worker ran without error");
+    assert_eq!(summary.segments_done, 5);
+    assert_eq!(w.state(job), JobState::Failed);
+    let rows: Vec<(i32, String, i32, Option<String>, Option<String>)> =
+        w.rt.block_on(
+            sqlx::query_as(
+                "SELECT idx, state, attempts, failure_kind, failure_reason FROM segments \
+                 WHERE job_id = $1 ORDER BY idx",
+            )
+            .bind(job)
+            .fetch_all(&w.pool),
+        )
+        .expect("segments");
+    for (idx, state, attempts, kind, reason) in rows {
+        if idx == 2 {
+            assert_eq!((state.as_str(), kind.as_deref()), ("failed", Some("panic")));
+            assert!(
+                reason
+                    .as_deref()
+                    .unwrap_or("")
+                    .contains("injected panic on segment 2"),
+                "{reason:?}"
+            );
+        } else {
+            assert_eq!((state.as_str(), attempts), ("done", 1), "segment {idx}");
+        }
+    }
+    assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 1);
+}
