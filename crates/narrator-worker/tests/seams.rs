@@ -100,7 +100,8 @@ fn a_panicking_segment_fails_alone_and_its_neighbours_are_not_charged() {
         .expect("the worker ran without error");
     assert_eq!(summary.segments_done, 5);
     assert_eq!(w.state(job), JobState::Failed);
-    let rows: Vec<(i32, String, i32, Option<String>, Option<String>)> =
+    type Row = (i32, String, i32, Option<String>, Option<String>);
+    let rows: Vec<Row> =
         w.rt.block_on(
             sqlx::query_as(
                 "SELECT idx, state, attempts, failure_kind, failure_reason FROM segments \
