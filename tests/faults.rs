@@ -577,3 +577,42 @@ fn a_broker_refusing_mid_folder_leaves_every_book_recorded_and_eventually_done()
         check_job(&w, job, false);
     }
 }
+
+/// Promise 7, the other half: deliveries a worker held but had not started when it was
+/// stopped cleanly (SIGTERM) go back to the queue uncharged; the next worker does them
+/// on attempt 1.
+#[test]
+fn prefetched_deliveries_returned_by_a_clean_stop_are_not_charged() {
+    let mut w = World::new();
+    let job = w.submit(
+        &w.book("drain.md", &book_text(2, 8, None)),
+        &["--format", "wav"],
+    );
+    // A slow engine (300 ms a run, one item a run) and a prefetch that holds the book.
+    let slow = w.worker(
+        "slow",
+        &["--engine", "null", "--max-batch", "1", "--prefetch", "32"],
+        &[("NARRATOR_TEST_RUN_MS", "300")],
+    );
+    eventually(Duration::from_secs(60), "a few segments done", || {
+        w.done_count(job) >= 2
+    });
+    assert!(w.stop(slow, 15).success(), "{}", w.worker_log("slow"));
+    assert!(w.done_count(job) < 16, "the stop must come mid-book");
+    assert!(
+        w.worker_log("slow").contains("uncharged"),
+        "{}",
+        w.worker_log("slow")
+    );
+    w.worker("fast", &["--engine", "null"], &[]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(60));
+    check_job(&w, job, false);
+    let attempts: Vec<i32> =
+        w.rt.block_on(
+            sqlx::query_scalar("SELECT attempts FROM segments WHERE job_id = $1 ORDER BY idx")
+                .bind(job)
+                .fetch_all(&w.pool),
+        )
+        .expect("attempts");
+    assert!(attempts.iter().all(|&a| a == 1), "{attempts:?}");
+}

@@ -28,7 +28,20 @@ pub struct Ticket {
     body: Vec<u8>,
     properties: BasicProperties,
     attempt: u32,
+    tag: u64,
 }
+
+/// A delivery not settled yet, as [`Consumer::close`] returns it uncharged.
+#[derive(Debug)]
+struct Held {
+    acker: Acker,
+    body: Vec<u8>,
+    properties: BasicProperties,
+    attempt: u32,
+}
+
+/// Header on a message a clean shutdown returned to its queue.
+const RETURNED_HEADER: &str = "x-narrator-returned";
 
 impl Ticket {
     /// The delivery attempt, from 1.
@@ -52,6 +65,10 @@ pub struct Consumer {
     queue: String,
     /// The database's cluster id: a message of another cluster is left in the queue.
     cluster: Option<String>,
+    /// Consumer tag (to cancel it on close).
+    tag: String,
+    /// Deliveries handed out and not settled yet, by delivery tag.
+    held: std::sync::Mutex<std::collections::HashMap<u64, Held>>,
 }
 
 fn consumer_tag(voice: &str) -> String {
@@ -124,6 +141,7 @@ impl Consumer {
             .await
             .map_err(|e| BrokerError::amqp("channel.open", e))?;
         let queue = work_queue(voice);
+        let tag = consumer_tag(voice);
         let consumer = Self {
             publisher: Publisher::new(connection).await?,
             stream: Mutex::new({
@@ -135,7 +153,7 @@ impl Consumer {
                 channel
                     .basic_consume(
                         queue.as_str().into(),
-                        consumer_tag(voice).into(),
+                        tag.as_str().into(),
                         BasicConsumeOptions::default(),
                         FieldTable::default(),
                     )
@@ -146,6 +164,8 @@ impl Consumer {
             prefetch,
             queue,
             cluster: None,
+            tag,
+            held: std::sync::Mutex::default(),
         };
         Ok(consumer)
     }
@@ -168,12 +188,72 @@ impl Consumer {
         self.channel.status().qos().prefetch_count
     }
 
-    /// Closes the consuming channel: unacknowledged deliveries go back to the queue.
+    /// A clean stop: cancels the consumer, returns every delivery not settled yet (those
+    /// handed out and not started, and those the broker had sent ahead) to the queue
+    /// *uncharged* (republished with the attempts made before it, then acknowledged: the
+    /// quorum queue would count a delivery returned by closing the channel), then closes
+    /// the channel. Anything it cannot return goes back with the channel, counted.
     pub async fn close(&self) -> Result<(), BrokerError> {
+        let cancelled = self
+            .channel
+            .basic_cancel(self.tag.as_str().into(), Default::default())
+            .await;
+        if cancelled.is_ok() {
+            // What the broker sent before the cancel is in the stream's buffer.
+            let mut stream = self.stream.lock().await;
+            while let Some(Some(Ok(d))) = futures_lite::future::poll_once(stream.next()).await {
+                let attempt = attempt_of(&d.properties);
+                self.hold(d.delivery_tag, &d.acker, &d.data, &d.properties, attempt);
+            }
+        }
+        let held: Vec<Held> = {
+            let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            map.drain().map(|(_, h)| h).collect()
+        };
+        let mut returned = 0;
+        for h in held {
+            let props = h.properties.clone().with_headers(republish_headers(
+                &h.properties,
+                h.attempt.saturating_sub(1),
+                (RETURNED_HEADER, "shutdown"),
+            ));
+            if self
+                .publisher
+                .publish_raw("", &self.queue, &h.body, props)
+                .await
+                .is_ok()
+                && h.acker.ack(BasicAckOptions::default()).await.is_ok()
+            {
+                returned += 1;
+            }
+        }
+        if returned > 0 {
+            tracing::info!(queue = %self.queue, returned, "returned unstarted deliveries to the queue, uncharged");
+        }
         self.channel
             .close(200, "consumer closed".into())
             .await
             .map_err(|e| BrokerError::amqp("channel.close", e))
+    }
+
+    fn hold(
+        &self,
+        tag: u64,
+        acker: &Acker,
+        body: &[u8],
+        properties: &BasicProperties,
+        attempt: u32,
+    ) {
+        let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        map.insert(
+            tag,
+            Held {
+                acker: acker.clone(),
+                body: body.to_vec(),
+                properties: properties.clone(),
+                attempt,
+            },
+        );
     }
 
     async fn reapply_qos(&self) -> Result<(), BrokerError> {
@@ -214,11 +294,13 @@ impl Consumer {
                 Some(Ok(d)) => {
                     let attempt = attempt_of(&d.properties);
                     let decoded = SegmentMessage::decode(&d.data);
+                    self.hold(d.delivery_tag, &d.acker, &d.data, &d.properties, attempt);
                     let ticket = Ticket {
                         acker: d.acker,
                         body: d.data,
                         properties: d.properties,
                         attempt,
+                        tag: d.delivery_tag,
                     };
                     match decoded {
                         Ok(m)
@@ -260,6 +342,8 @@ impl Consumer {
                         .await
                         .map_err(|e| BrokerError::amqp(format!("consume {}", self.queue), e))?;
                     self.reapply_qos().await?;
+                    // The old channel's deliveries come again with new tags.
+                    self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
                     if !out.is_empty() {
                         // Deliveries taken before the interruption are handed over; their
                         // acks fail on the old channel and the broker delivers them again.
@@ -286,7 +370,12 @@ impl Consumer {
             body,
             properties,
             attempt,
+            tag,
         } = ticket;
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&tag);
         let (op, sent) = match action {
             Action::Requeue => {
                 let opts = BasicNackOptions {
