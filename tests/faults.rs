@@ -616,3 +616,84 @@ fn prefetched_deliveries_returned_by_a_clean_stop_are_not_charged() {
         .expect("attempts");
     assert!(attempts.iter().all(|&a| a == 1), "{attempts:?}");
 }
+
+/// A small filesystem (tmpfs, mounted by the test: it needs root, as CI and these
+/// machines run) used as a worker's temp folder; unmounted on drop.
+struct SmallDisk {
+    path: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(path: std::path::PathBuf, size: &str) -> Self {
+        std::fs::create_dir_all(&path).expect("mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mounting a small tmpfs needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { path }
+    }
+
+    fn resize(&self, size: &str) {
+        let out = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.path)
+            .output()
+            .expect("remount");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).output();
+    }
+}
+
+/// Promise 4 with a full disk: the worker's temp folder has no room for the book being
+/// assembled. The assembly is postponed (not failed); once there is room it finishes.
+#[test]
+fn a_full_temp_disk_during_assembly_postpones_it_and_the_job_finishes_once_there_is_room() {
+    let mut w = World::new();
+    let disk = SmallDisk::mount(w.tmp.path().join("small-tmp"), "64k");
+    let tmpdir = disk.path.to_str().expect("utf8").to_string();
+    w.worker(
+        "disk",
+        &["--engine", "null"],
+        &[("TMPDIR", tmpdir.as_str())],
+    );
+    let job = w.submit(
+        &w.book("full.md", &book_text(2, 3, None)),
+        &["--format", "wav"],
+    );
+    eventually(Duration::from_secs(60), "the assembly postponed", || {
+        w.rt.block_on(
+            sqlx::query_scalar::<_, i32>("SELECT assembly_attempts FROM jobs WHERE id = $1")
+                .bind(job)
+                .fetch_one(&w.pool),
+        )
+        .expect("attempts")
+            >= 1
+    });
+    let st = w.status(job);
+    assert_eq!(st["state"], "running", "not failed: {st}");
+    assert!(
+        st["waiting"]
+            .as_str()
+            .unwrap_or("")
+            .contains("assembly failed for now"),
+        "{st}"
+    );
+    disk.resize("64m");
+    w.wait_state(job, JobState::Done, Duration::from_secs(90));
+    check_job(&w, job, false);
+}

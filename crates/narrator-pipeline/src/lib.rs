@@ -103,6 +103,11 @@ impl PipelineError {
     /// for the moment (out of memory, a stopped session); the stores say for themselves.
     pub fn retry_class(&self) -> RetryClass {
         match self {
+            // Writing audio files fails on the disk (full, read-only), not on the input.
+            PipelineError::Audio(narrator_audio::AudioError::Io { .. })
+            | PipelineError::Audio(narrator_audio::AudioError::WavWrite {
+                source: hound::Error::IoError(_),
+            }) => RetryClass::Infrastructure,
             // A panic reproduced on the segment alone repeats on every try.
             PipelineError::Phonemes(_)
             | PipelineError::Audio(_)
