@@ -14,8 +14,8 @@ use tokio::sync::Mutex;
 
 use crate::{
     ATTEMPTS_HEADER, BrokerError, DEAD_LETTER_EXCHANGE, DEAD_REASON_HEADER, Decision, FailureKind,
-    Publisher, RETRY_EXCHANGE, RETRY_TIER_HEADER, SegmentMessage, decide, topology::tier_label,
-    work_queue,
+    LANES, Publisher, RETRY_EXCHANGE, RETRY_TIER_HEADER, SegmentMessage, decide, lane_queue,
+    topology::tier_label, work_queue,
 };
 
 /// Header the quorum queue sets on a redelivery: failed deliveries so far.
@@ -28,7 +28,8 @@ pub struct Ticket {
     body: Vec<u8>,
     properties: BasicProperties,
     attempt: u32,
-    tag: u64,
+    tag: (u8, u64),
+    lane: u8,
 }
 
 /// A delivery not settled yet, as [`Consumer::close`] returns it uncharged.
@@ -38,6 +39,7 @@ struct Held {
     body: Vec<u8>,
     properties: BasicProperties,
     attempt: u32,
+    lane: u8,
 }
 
 /// Header on a message a clean shutdown returned to its queue.
@@ -59,16 +61,29 @@ enum Action {
 #[derive(Debug)]
 pub struct Consumer {
     channel: Channel,
-    stream: Mutex<lapin::Consumer>,
+    /// One stream per priority lane, highest lane first.
+    streams: Mutex<Vec<(u8, lapin::Consumer)>>,
     publisher: Publisher,
     prefetch: u16,
+    voice: String,
+    /// The normal lane's queue (for logs).
     queue: String,
     /// The database's cluster id: a message of another cluster is left in the queue.
     cluster: Option<String>,
-    /// Consumer tag (to cancel it on close).
-    tag: String,
-    /// Deliveries handed out and not settled yet, by delivery tag.
-    held: std::sync::Mutex<std::collections::HashMap<u64, Held>>,
+    /// Consumer tags (to cancel them on close).
+    tags: Vec<String>,
+    /// Deliveries handed out and not settled yet, by (lane, delivery tag).
+    held: std::sync::Mutex<std::collections::HashMap<(u8, u64), Held>>,
+}
+
+/// What taking one stream item did.
+enum Took {
+    /// Go on collecting.
+    More,
+    /// The stream recovered from an interruption: hand over what was collected.
+    Recovered,
+    /// The stream ended (consumer cancelled).
+    Ended,
 }
 
 fn consumer_tag(voice: &str) -> String {
@@ -128,9 +143,9 @@ fn republish_headers(
 }
 
 impl Consumer {
-    /// Opens a channel, sets `basic_qos(prefetch)` and consumes `voice`'s work queue
-    /// (declare it first with [`crate::declare`]). Also opens a confirm-mode channel for
-    /// retries and dead letters.
+    /// Opens a channel, sets `basic_qos(prefetch)` and consumes every priority lane of
+    /// `voice` (declare them first with [`crate::declare`]), each with that prefetch.
+    /// Also opens a confirm-mode channel for retries and dead letters.
     pub async fn start(
         connection: &Connection,
         voice: &str,
@@ -140,34 +155,39 @@ impl Consumer {
             .create_channel()
             .await
             .map_err(|e| BrokerError::amqp("channel.open", e))?;
-        let queue = work_queue(voice);
-        let tag = consumer_tag(voice);
-        let consumer = Self {
+        // Per-consumer QoS applies to consumers created after it: set it first.
+        channel
+            .basic_qos(prefetch, BasicQosOptions { global: false })
+            .await
+            .map_err(|e| BrokerError::amqp("basic.qos", e))?;
+        let mut streams = Vec::new();
+        let mut tags = Vec::new();
+        for lane in (0..LANES).rev() {
+            let queue = lane_queue(voice, lane);
+            let tag = consumer_tag(voice);
+            let stream = channel
+                .basic_consume(
+                    queue.as_str().into(),
+                    tag.as_str().into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| BrokerError::amqp(format!("basic.consume {queue}"), e))?;
+            streams.push((lane, stream));
+            tags.push(tag);
+        }
+        Ok(Self {
             publisher: Publisher::new(connection).await?,
-            stream: Mutex::new({
-                // Per-consumer QoS applies to consumers created after it: set it first.
-                channel
-                    .basic_qos(prefetch, BasicQosOptions { global: false })
-                    .await
-                    .map_err(|e| BrokerError::amqp("basic.qos", e))?;
-                channel
-                    .basic_consume(
-                        queue.as_str().into(),
-                        tag.as_str().into(),
-                        BasicConsumeOptions::default(),
-                        FieldTable::default(),
-                    )
-                    .await
-                    .map_err(|e| BrokerError::amqp(format!("basic.consume {queue}"), e))?
-            }),
+            streams: Mutex::new(streams),
             channel,
             prefetch,
-            queue,
+            voice: voice.to_string(),
+            queue: work_queue(voice),
             cluster: None,
-            tag,
+            tags,
             held: std::sync::Mutex::default(),
-        };
-        Ok(consumer)
+        })
     }
 
     /// Accept only messages of `cluster` (and those without one, from versions before
@@ -188,22 +208,35 @@ impl Consumer {
         self.channel.status().qos().prefetch_count
     }
 
-    /// A clean stop: cancels the consumer, returns every delivery not settled yet (those
-    /// handed out and not started, and those the broker had sent ahead) to the queue
-    /// *uncharged* (republished with the attempts made before it, then acknowledged: the
-    /// quorum queue would count a delivery returned by closing the channel), then closes
-    /// the channel. Anything it cannot return goes back with the channel, counted.
+    /// A clean stop: cancels the consumers, returns every delivery not settled yet
+    /// (those handed out and not started, and those the broker had sent ahead) to its
+    /// queue *uncharged* (republished with the attempts made before it, then
+    /// acknowledged: the quorum queue would count a delivery returned by closing the
+    /// channel), then closes the channel. Anything it cannot return goes back with the
+    /// channel, counted.
     pub async fn close(&self) -> Result<(), BrokerError> {
-        let cancelled = self
-            .channel
-            .basic_cancel(self.tag.as_str().into(), Default::default())
-            .await;
-        if cancelled.is_ok() {
-            // What the broker sent before the cancel is in the stream's buffer.
-            let mut stream = self.stream.lock().await;
-            while let Some(Some(Ok(d))) = futures_lite::future::poll_once(stream.next()).await {
-                let attempt = attempt_of(&d.properties);
-                self.hold(d.delivery_tag, &d.acker, &d.data, &d.properties, attempt);
+        let mut cancelled = true;
+        for tag in &self.tags {
+            cancelled &= self
+                .channel
+                .basic_cancel(tag.as_str().into(), Default::default())
+                .await
+                .is_ok();
+        }
+        if cancelled {
+            // What the broker sent before the cancel is in the streams' buffers.
+            let mut streams = self.streams.lock().await;
+            for (lane, stream) in streams.iter_mut() {
+                while let Some(Some(Ok(d))) = futures_lite::future::poll_once(stream.next()).await {
+                    let attempt = attempt_of(&d.properties);
+                    self.hold(
+                        (*lane, d.delivery_tag),
+                        &d.acker,
+                        &d.data,
+                        &d.properties,
+                        attempt,
+                    );
+                }
             }
         }
         let held: Vec<Held> = {
@@ -217,9 +250,10 @@ impl Consumer {
                 h.attempt.saturating_sub(1),
                 (RETURNED_HEADER, "shutdown"),
             ));
+            let queue = lane_queue(&self.voice, h.lane);
             if self
                 .publisher
-                .publish_raw("", &self.queue, &h.body, props)
+                .publish_raw("", &queue, &h.body, props)
                 .await
                 .is_ok()
                 && h.acker.ack(BasicAckOptions::default()).await.is_ok()
@@ -238,7 +272,7 @@ impl Consumer {
 
     fn hold(
         &self,
-        tag: u64,
+        tag: (u8, u64),
         acker: &Acker,
         body: &[u8],
         properties: &BasicProperties,
@@ -252,6 +286,7 @@ impl Consumer {
                 body: body.to_vec(),
                 properties: properties.clone(),
                 attempt,
+                lane: tag.0,
             },
         );
     }
@@ -274,85 +309,125 @@ impl Consumer {
 
     /// Waits for the next decodable delivery, then adds up to `max - 1` more that the
     /// broker has already sent (no waiting for them), so the caller can handle a group at
-    /// once. Empty once the consumer has ended. Malformed messages are dead-lettered on
-    /// the way.
+    /// once; higher priority lanes first. Empty once the consumer has ended. Malformed
+    /// messages are dead-lettered on the way; a message of another cluster ends it with
+    /// [`BrokerError::WrongCluster`], everything taken returned to the queue.
     pub async fn next_deliveries(&self, max: usize) -> Result<Vec<Delivery<Ticket>>, BrokerError> {
-        let mut stream = self.stream.lock().await;
+        let max = max.max(1);
+        let mut streams = self.streams.lock().await;
         let mut out: Vec<Delivery<Ticket>> = Vec::new();
-        while out.len() < max.max(1) {
-            let item = if out.is_empty() {
-                stream.next().await
-            } else {
-                match futures_lite::future::poll_once(stream.next()).await {
-                    Some(item) => item,
-                    // Nothing more has arrived: hand over what is here.
-                    None => break,
-                }
-            };
-            match item {
-                None => break,
-                Some(Ok(d)) => {
-                    let attempt = attempt_of(&d.properties);
-                    let decoded = SegmentMessage::decode(&d.data);
-                    self.hold(d.delivery_tag, &d.acker, &d.data, &d.properties, attempt);
-                    let ticket = Ticket {
-                        acker: d.acker,
-                        body: d.data,
-                        properties: d.properties,
-                        attempt,
-                        tag: d.delivery_tag,
-                    };
-                    match decoded {
-                        Ok(m)
-                            if m.cluster.is_some()
-                                && self.cluster.is_some()
-                                && m.cluster != self.cluster =>
-                        {
-                            // Not this database's message: back to the queue, untouched,
-                            // with everything taken so far, and stop.
-                            let wrong = BrokerError::WrongCluster {
-                                queue: self.queue.clone(),
-                                message: m.cluster.unwrap_or_default(),
-                                database: self.cluster.clone().unwrap_or_default(),
-                            };
-                            self.settle_inner(ticket, Action::Requeue).await?;
-                            for d in out.drain(..) {
-                                self.settle_inner(d.ticket, Action::Requeue).await?;
-                            }
-                            return Err(wrong);
-                        }
-                        Ok(m) => out.push(Delivery {
-                            job_id: m.job_id,
-                            segment: m.segment,
-                            attempt,
-                            enqueued_at_ms: Some(m.enqueued_at_ms),
-                            ticket,
-                        }),
-                        Err(e) => {
-                            tracing::warn!(queue = %self.queue, error = %e, "dead-lettering a malformed message");
-                            self.settle(ticket, decide(FailureKind::Malformed, attempt))
-                                .await?;
-                        }
-                    }
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(queue = %self.queue, error = %e, "consumer interrupted; waiting for recovery");
-                    self.channel
-                        .wait_for_recovery(e)
-                        .await
-                        .map_err(|e| BrokerError::amqp(format!("consume {}", self.queue), e))?;
-                    self.reapply_qos().await?;
-                    // The old channel's deliveries come again with new tags.
-                    self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
-                    if !out.is_empty() {
-                        // Deliveries taken before the interruption are handed over; their
-                        // acks fail on the old channel and the broker delivers them again.
+        let mut ended = vec![false; streams.len()];
+        loop {
+            // What has arrived already, highest lane first.
+            for (i, (lane, stream)) in streams.iter_mut().enumerate() {
+                while out.len() < max && !ended[i] {
+                    let Some(item) = futures_lite::future::poll_once(stream.next()).await else {
                         break;
+                    };
+                    match self.take(*lane, item, &mut out).await? {
+                        Took::More => {}
+                        Took::Ended => ended[i] = true,
+                        Took::Recovered if !out.is_empty() => return Ok(out),
+                        Took::Recovered => {}
                     }
                 }
             }
+            if !out.is_empty() || ended.iter().all(|e| *e) {
+                return Ok(out);
+            }
+            // Nothing yet: wait for the first delivery of any lane.
+            let waits = streams
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| !ended[*i])
+                .map(|(i, (lane, s))| {
+                    let lane = *lane;
+                    Box::pin(async move { (i, lane, s.next().await) })
+                });
+            let ((i, lane, item), _, _) = futures_util::future::select_all(waits).await;
+            match self.take(lane, item, &mut out).await? {
+                Took::Ended => ended[i] = true,
+                Took::Recovered if !out.is_empty() => return Ok(out),
+                Took::More | Took::Recovered => {}
+            }
         }
-        Ok(out)
+    }
+
+    /// Handles one stream item of `lane`: a delivery joins `out`; a malformed one is
+    /// dead-lettered; one of another cluster returns everything taken and fails.
+    async fn take(
+        &self,
+        lane: u8,
+        item: Option<Result<lapin::message::Delivery, lapin::Error>>,
+        out: &mut Vec<Delivery<Ticket>>,
+    ) -> Result<Took, BrokerError> {
+        let d = match item {
+            None => return Ok(Took::Ended),
+            Some(Ok(d)) => d,
+            Some(Err(e)) => {
+                tracing::warn!(queue = %self.queue, error = %e, "consumer interrupted; waiting for recovery");
+                self.channel
+                    .wait_for_recovery(e)
+                    .await
+                    .map_err(|e| BrokerError::amqp(format!("consume {}", self.queue), e))?;
+                self.reapply_qos().await?;
+                // The old channel's deliveries come again with new tags; those taken
+                // before the interruption are handed over, their acks fail on the old
+                // channel and the broker delivers them again.
+                self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                return Ok(Took::Recovered);
+            }
+        };
+        let attempt = attempt_of(&d.properties);
+        let decoded = SegmentMessage::decode(&d.data);
+        self.hold(
+            (lane, d.delivery_tag),
+            &d.acker,
+            &d.data,
+            &d.properties,
+            attempt,
+        );
+        let ticket = Ticket {
+            acker: d.acker,
+            body: d.data,
+            properties: d.properties,
+            attempt,
+            tag: (lane, d.delivery_tag),
+            lane,
+        };
+        match decoded {
+            Ok(m) if m.cluster.is_some() && self.cluster.is_some() && m.cluster != self.cluster => {
+                // Not this database's message: back to the queue, untouched, with
+                // everything taken so far, and stop.
+                let wrong = BrokerError::WrongCluster {
+                    queue: lane_queue(&self.voice, lane),
+                    message: m.cluster.unwrap_or_default(),
+                    database: self.cluster.clone().unwrap_or_default(),
+                };
+                self.settle_inner(ticket, Action::Requeue).await?;
+                for d in out.drain(..) {
+                    self.settle_inner(d.ticket, Action::Requeue).await?;
+                }
+                Err(wrong)
+            }
+            Ok(m) => {
+                out.push(Delivery {
+                    job_id: m.job_id,
+                    segment: m.segment,
+                    attempt,
+                    enqueued_at_ms: Some(m.enqueued_at_ms),
+                    lane,
+                    ticket,
+                });
+                Ok(Took::More)
+            }
+            Err(e) => {
+                tracing::warn!(queue = %self.queue, error = %e, "dead-lettering a malformed message");
+                self.settle(ticket, decide(FailureKind::Malformed, attempt))
+                    .await?;
+                Ok(Took::More)
+            }
+        }
     }
 
     /// Carries out a [`Decision`] (see [`decide`]). Retry: republish to the tier, then
@@ -371,7 +446,9 @@ impl Consumer {
             properties,
             attempt,
             tag,
+            lane,
         } = ticket;
+        let queue = lane_queue(&self.voice, lane);
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -404,7 +481,7 @@ impl Consumer {
                 ));
                 let published = self
                     .publisher
-                    .publish_raw(RETRY_EXCHANGE, &self.queue, &body, props)
+                    .publish_raw(RETRY_EXCHANGE, &queue, &body, props)
                     .await;
                 if let Err(e) = published {
                     let opts = BasicNackOptions {
@@ -426,7 +503,7 @@ impl Consumer {
                 ));
                 match self
                     .publisher
-                    .publish_raw(DEAD_LETTER_EXCHANGE, &self.queue, &body, props)
+                    .publish_raw(DEAD_LETTER_EXCHANGE, &queue, &body, props)
                     .await
                 {
                     Ok(()) => {

@@ -30,8 +30,9 @@ pub use error::BrokerError;
 pub use message::{MESSAGE_VERSION, SegmentMessage};
 pub use publisher::Publisher;
 pub use topology::{
-    DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, DEFAULT_DELIVERY_LIMIT, RETRY_EXCHANGE, RETRY_TIERS,
-    TopologyConfig, declare, declare_with, delete_voice_queues, retry_queue, work_queue,
+    DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, DEFAULT_DELIVERY_LIMIT, LANES, RETRY_EXCHANGE,
+    RETRY_TIERS, TopologyConfig, declare, declare_with, delete_voice_queues, lane_of, lane_queue,
+    retry_queue, work_queue,
 };
 
 /// Header: attempts made before this message was (re)published to a retry tier.

@@ -23,6 +23,8 @@ pub struct SegmentMessage {
     /// worker whose database is another cluster leaves the message alone. `None` in
     /// messages of versions before it existed.
     pub cluster: Option<String>,
+    /// Its priority lane ([`crate::lane_of`] the job's priority): picks the queue.
+    pub lane: u8,
 }
 
 #[derive(Serialize)]
@@ -34,6 +36,12 @@ struct WireOut<'a> {
     enqueued_at_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     cluster: Option<&'a str>,
+    #[serde(skip_serializing_if = "is_zero")]
+    lane: u8,
+}
+
+fn is_zero(v: &u8) -> bool {
+    *v == 0
 }
 
 #[derive(Deserialize)]
@@ -45,6 +53,8 @@ struct WireIn {
     enqueued_at_ms: u64,
     #[serde(default)]
     cluster: Option<String>,
+    #[serde(default)]
+    lane: u8,
 }
 
 impl SegmentMessage {
@@ -60,7 +70,14 @@ impl SegmentMessage {
             segment,
             enqueued_at_ms,
             cluster: None,
+            lane: 0,
         }
+    }
+
+    /// The message in priority lane `lane`.
+    pub fn in_lane(mut self, lane: u8) -> Self {
+        self.lane = lane;
+        self
     }
 
     /// The message tied to `cluster` (the database's cluster id).
@@ -78,6 +95,7 @@ impl SegmentMessage {
             segment: &self.segment,
             enqueued_at_ms: self.enqueued_at_ms,
             cluster: self.cluster.as_deref(),
+            lane: self.lane,
         })
         .map_err(BrokerError::Encode)
     }
@@ -98,6 +116,7 @@ impl SegmentMessage {
             segment: w.segment,
             enqueued_at_ms: w.enqueued_at_ms,
             cluster: w.cluster,
+            lane: w.lane,
         })
     }
 }
@@ -119,6 +138,7 @@ mod tests {
             },
             enqueued_at_ms: 42,
             cluster: Some("c1".into()),
+            lane: 1,
         }
     }
 

@@ -4,7 +4,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection};
 
-use crate::{BrokerError, SegmentMessage, work_queue};
+use crate::{BrokerError, SegmentMessage, lane_queue, work_queue};
 
 /// Persistent JSON with the job id in a header (for operators reading the queue).
 fn segment_properties(message: &SegmentMessage) -> BasicProperties {
@@ -64,7 +64,7 @@ impl Publisher {
         let mut pending = Vec::with_capacity(messages.len());
         for m in messages {
             let body = m.encode()?;
-            let key = work_queue(&m.voice);
+            let key = lane_queue(&m.voice, m.lane);
             let confirm = self
                 .channel
                 .basic_publish(

@@ -41,9 +41,26 @@ impl Default for TopologyConfig {
     }
 }
 
-/// The work queue of a voice.
+/// Priority lanes per voice: 0 (normal) and 1 (high). A job's lane is [`lane_of`] its
+/// priority; a worker consumes every lane and hands higher lanes to the device first.
+pub const LANES: u8 = 2;
+
+/// The lane of a job's priority: 1 (high) for a priority above 0, else 0.
+pub fn lane_of(priority: i32) -> u8 {
+    u8::from(priority > 0)
+}
+
+/// The work queue of a voice (its normal lane).
 pub fn work_queue(voice: &str) -> String {
     format!("narrator.segments.{voice}")
+}
+
+/// The queue of a voice's `lane`: [`work_queue`] for lane 0, `….high` for lane 1.
+pub fn lane_queue(voice: &str, lane: u8) -> String {
+    match lane {
+        0 => work_queue(voice),
+        _ => format!("narrator.segments.{voice}.high"),
+    }
 }
 
 /// The tier label of a delay (`5s`), rounded up to the next tier (the last beyond it).
@@ -145,23 +162,31 @@ pub async fn declare_with(
         bind(channel, &name, RETRY_EXCHANGE, binding).await?;
     }
 
-    let mut args = FieldTable::default();
-    args.insert("x-queue-type".into(), long("quorum"));
-    args.insert(
-        "x-delivery-limit".into(),
-        AMQPValue::LongUInt(config.delivery_limit),
-    );
-    args.insert("x-dead-letter-exchange".into(), long(DEAD_LETTER_EXCHANGE));
-    queue(channel, &work_queue(voice), args).await
+    for lane in 0..LANES {
+        let mut args = FieldTable::default();
+        args.insert("x-queue-type".into(), long("quorum"));
+        args.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongUInt(config.delivery_limit),
+        );
+        args.insert("x-dead-letter-exchange".into(), long(DEAD_LETTER_EXCHANGE));
+        queue(channel, &lane_queue(voice, lane), args).await?;
+    }
+    Ok(())
 }
 
-/// Deletes `voice`'s work queue (not the shared ones); returns the messages it held.
+/// Deletes `voice`'s work queues (every lane, not the shared queues); returns the
+/// messages they held.
 pub async fn delete_voice_queues(channel: &Channel, voice: &str) -> Result<u32, BrokerError> {
-    let name = work_queue(voice);
-    channel
-        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-        .await
-        .map_err(|e| BrokerError::amqp(format!("queue.delete {name}"), e))
+    let mut n = 0;
+    for lane in 0..LANES {
+        let name = lane_queue(voice, lane);
+        n += channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .map_err(|e| BrokerError::amqp(format!("queue.delete {name}"), e))?;
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -179,6 +204,12 @@ mod tests {
         assert_eq!(
             work_queue("en_US-joe-medium"),
             "narrator.segments.en_US-joe-medium"
+        );
+        assert_eq!(lane_queue("v", 0), "narrator.segments.v");
+        assert_eq!(lane_queue("v", 1), "narrator.segments.v.high");
+        assert_eq!(
+            (lane_of(-3), lane_of(0), lane_of(1), lane_of(99)),
+            (0, 0, 1, 1)
         );
     }
 }

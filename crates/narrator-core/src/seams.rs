@@ -208,6 +208,8 @@ pub struct Delivery<T> {
     /// When the producer enqueued it (Unix milliseconds), if the queue knows; queue-wait
     /// figures count from here.
     pub enqueued_at_ms: Option<u64>,
+    /// Its priority lane: 0 normal; higher lanes go to the device first.
+    pub lane: u8,
     /// Acknowledgement handle.
     pub ticket: T,
 }

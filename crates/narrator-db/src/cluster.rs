@@ -225,7 +225,13 @@ pub struct StoredJob {
 
 /// A job's voice (what the reconciler and `retry` need to publish, without the plan).
 pub async fn job_voice(exec: impl PgExecutor<'_>, job: Uuid) -> Result<String, DbError> {
-    sqlx::query_scalar("SELECT voice FROM jobs WHERE id = $1")
+    Ok(job_route(exec, job).await?.0)
+}
+
+/// A job's voice and priority: where its segments are published (the voice's queue of
+/// the priority's lane).
+pub async fn job_route(exec: impl PgExecutor<'_>, job: Uuid) -> Result<(String, i32), DbError> {
+    sqlx::query_as("SELECT voice, priority FROM jobs WHERE id = $1")
         .bind(job)
         .fetch_optional(exec)
         .await?
@@ -313,6 +319,8 @@ pub struct Rescue {
     pub job: Uuid,
     /// Its voice (the queue to publish to).
     pub voice: String,
+    /// Its priority (the lane).
+    pub priority: i32,
     /// The segments to publish again.
     pub segments: Vec<Segment>,
     /// Segments given up on because they were lost `max_rescues` times already.
@@ -333,14 +341,14 @@ pub async fn rescue_stuck_jobs(
     limit: u32,
 ) -> Result<Vec<Rescue>, DbError> {
     let mut tx = pool.begin().await?;
-    let jobs: Vec<(Uuid, String)> = sqlx::query_as(
+    let jobs: Vec<(Uuid, String, i32)> = sqlx::query_as(
         "UPDATE jobs j SET rescued_at = now(), rescues = j.rescues + 1 \
          WHERE j.id IN ( \
            SELECT id FROM jobs WHERE state IN ('queued', 'running') \
              AND segments_done < segments_total AND voice = ANY($1) \
              AND greatest(created_at, progress_at, rescued_at) < now() - make_interval(secs => $2) \
            ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
-         RETURNING j.id, j.voice",
+         RETURNING j.id, j.voice, j.priority",
     )
     .bind(voices)
     .bind(secs(lease))
@@ -348,7 +356,7 @@ pub async fn rescue_stuck_jobs(
     .fetch_all(&mut *tx)
     .await?;
     let mut out = Vec::with_capacity(jobs.len());
-    for (job, voice) in jobs {
+    for (job, voice, priority) in jobs {
         let given_up = sqlx::query(
             "UPDATE segments SET state = 'failed', failure_kind = 'lost', \
                failure_reason = format('lost %s times (dead-lettered by the broker or never \
@@ -375,6 +383,7 @@ pub async fn rescue_stuck_jobs(
         out.push(Rescue {
             job,
             voice,
+            priority,
             segments,
             given_up: u32::try_from(given_up).unwrap_or(u32::MAX),
         });

@@ -245,9 +245,91 @@ impl<T> Batcher<T> {
     }
 }
 
+/// A [`Batcher`] per priority lane: a segment of a higher lane leaves in the next batch,
+/// without waiting for a fuller one, ahead of everything of the lanes below.
+#[derive(Debug)]
+pub struct LaneBatcher<T> {
+    /// Highest lane first.
+    lanes: Vec<Batcher<T>>,
+}
+
+impl<T> LaneBatcher<T> {
+    /// Batchers for lanes `0..lanes`.
+    pub fn new(lanes: u8) -> Self {
+        Self {
+            lanes: (0..lanes.max(1)).map(|_| Batcher::new()).collect(),
+        }
+    }
+
+    fn lane(&mut self, lane: u8) -> &mut Batcher<T> {
+        let top = self.lanes.len() - 1;
+        let i = top - usize::from(lane).min(top);
+        &mut self.lanes[i]
+    }
+
+    /// [`Batcher::append`] into `lane` (lanes above the highest go to the highest).
+    pub fn append(&mut self, lane: u8, item: T, max_len: usize, items: usize, at: Instant) {
+        self.lane(lane).append(item, max_len, items, at);
+    }
+
+    /// Whether nothing waits in any lane.
+    pub fn is_empty(&self) -> bool {
+        self.lanes.iter().all(Batcher::is_empty)
+    }
+
+    /// The next batch: from the highest lane that has segments; a lane above the lowest
+    /// leaves at once (flushed), the lowest waits as [`Batcher::next_batch`] decides.
+    pub fn next_batch(&mut self, budget: &Budget, now: Instant, flush: bool) -> Option<Vec<T>> {
+        let last = self.lanes.len() - 1;
+        for (i, b) in self.lanes.iter_mut().enumerate() {
+            if b.is_empty() {
+                continue;
+            }
+            return b.next_batch(budget, now, flush || i < last);
+        }
+        None
+    }
+
+    /// When the next batch must leave (`None` when empty): now if a higher lane waits.
+    pub fn deadline(&self, budget: &Budget) -> Option<Instant> {
+        let last = self.lanes.len() - 1;
+        if self.lanes[..last].iter().any(|b| !b.is_empty()) {
+            return Some(Instant::now());
+        }
+        self.lanes[last].deadline(budget)
+    }
+
+    /// [`Batcher::drop_where`] in every lane.
+    pub fn drop_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
+        self.lanes
+            .iter_mut()
+            .flat_map(|b| b.drop_where(&mut pred))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_higher_lane_leaves_first_and_at_once() {
+        let b = budget(1000, 4, 10_000);
+        let mut lanes = LaneBatcher::new(2);
+        let t0 = Instant::now();
+        for i in 0..3 {
+            lanes.append(0, i, 10, 1, t0);
+        }
+        // Normal segments wait for a fuller batch (10 s).
+        assert_eq!(lanes.next_batch(&b, t0, false), None);
+        lanes.append(1, 100, 10, 1, t0);
+        lanes.append(7, 101, 10, 1, t0);
+        assert!(lanes.deadline(&b).is_some_and(|d| d <= Instant::now()));
+        assert_eq!(lanes.next_batch(&b, t0, false), Some(vec![100, 101]));
+        assert_eq!(lanes.next_batch(&b, t0, false), None);
+        assert_eq!(lanes.next_batch(&b, t0, true), Some(vec![0, 1, 2]));
+        assert!(lanes.is_empty());
+    }
 
     fn budget(tokens: usize, requests: usize, wait_ms: u64) -> Budget {
         Budget {

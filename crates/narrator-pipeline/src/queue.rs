@@ -113,6 +113,7 @@ impl SegmentQueue for InProcessQueue {
                         segment: item.segment.clone(),
                         attempt: item.attempt,
                         enqueued_at_ms: None,
+                        lane: 0,
                         ticket: Ticket(item),
                     }));
                 }

@@ -23,7 +23,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use crate::PipelineError;
-use crate::batcher::Batcher;
+use crate::batcher::LaneBatcher;
 use crate::flush::{Storer, ToStore};
 use crate::queue::InProcessQueue;
 use crate::synth::{Prepared, Synthesizer};
@@ -178,6 +178,8 @@ where
 const PREP_AHEAD: usize = 4;
 /// Most deliveries phonemized by one task (those that arrived together).
 const PREP_CHUNK: usize = 16;
+/// Priority lanes the batcher keeps apart (a delivery's `lane`: 0 normal, 1 high).
+const LANES: u8 = 2;
 
 type Ready<T> = (Prepared, Delivery<T>);
 
@@ -330,13 +332,14 @@ where
 /// that could not be prepared, isolating mode) to the queue's failure path.
 async fn absorb<Q: SegmentQueue>(
     item: Result<Ready<Q::Ticket>, Failed<Q::Ticket>>,
-    batcher: &mut Batcher<Ready<Q::Ticket>>,
+    batcher: &mut LaneBatcher<Ready<Q::Ticket>>,
     queue: &Q,
 ) -> Result<(), PipelineError> {
     match item {
         Ok(r) => {
             let (len, n) = (r.0.max_len(), r.0.utterances.len());
-            batcher.append(r, len, n, Instant::now());
+            let lane = r.1.lane;
+            batcher.append(lane, r, len, n, Instant::now());
             Ok(())
         }
         Err(Failed::Fatal(e)) => Err(e),
@@ -430,7 +433,7 @@ where
     let mut stop = opts.stop.clone();
     let mut finished = Vec::new();
     let mut failure = None;
-    let mut batcher: Batcher<Ready<Q::Ticket>> = Batcher::new();
+    let mut batcher: LaneBatcher<Ready<Q::Ticket>> = LaneBatcher::new(LANES);
     let mut input_open = true;
     'outer: loop {
         if stop.as_ref().is_some_and(|s| *s.borrow()) {

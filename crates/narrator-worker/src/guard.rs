@@ -153,6 +153,7 @@ impl GuardedQueue {
                         segment: d.segment,
                         attempt: d.attempt,
                         enqueued_at_ms: d.enqueued_at_ms,
+                        lane: d.lane,
                         ticket,
                     }),
                     other => {

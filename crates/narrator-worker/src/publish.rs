@@ -10,20 +10,25 @@ use crate::WorkerError;
 /// Messages per publish round trip (and per `mark_published` update).
 pub const PUBLISH_CHUNK: usize = 1000;
 
-/// Publishes `segments` of `job` to `voice`'s queue, tied to `cluster`, in chunks;
-/// each chunk the broker confirmed is marked published.
+/// Publishes `segments` of `job` to `voice`'s queue of the job's `priority` lane, tied
+/// to `cluster`, in chunks; each chunk the broker confirmed is marked published.
 pub async fn publish_segments(
     pool: &PgPool,
     publisher: &Publisher,
     cluster: &str,
     job: Uuid,
-    voice: &str,
+    (voice, priority): (&str, i32),
     segments: &[Segment],
 ) -> Result<(), WorkerError> {
+    let lane = narrator_broker::lane_of(priority);
     for chunk in segments.chunks(PUBLISH_CHUNK) {
         let messages: Vec<SegmentMessage> = chunk
             .iter()
-            .map(|s| SegmentMessage::new(job.to_string(), voice, s.clone()).in_cluster(cluster))
+            .map(|s| {
+                SegmentMessage::new(job.to_string(), voice, s.clone())
+                    .in_cluster(cluster)
+                    .in_lane(lane)
+            })
             .collect();
         publisher.publish_batch(&messages).await?;
         let indices: Vec<u32> = chunk.iter().map(|s| s.index).collect();

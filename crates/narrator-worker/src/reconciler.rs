@@ -68,7 +68,7 @@ impl Reconciler {
             by_job.entry(job).or_default().push(seg);
         }
         for (job, segments) in by_job {
-            let voice = match narrator_db::job_voice(&self.pool, job).await {
+            let route = match narrator_db::job_route(&self.pool, job).await {
                 Ok(v) => v,
                 Err(e) => {
                     tracing::warn!(%job, error = %e, "reconciler cannot load a job");
@@ -81,7 +81,7 @@ impl Reconciler {
                 &self.publisher,
                 &self.cluster,
                 job,
-                &voice,
+                (&route.0, route.1),
                 &segments,
             )
             .await;
@@ -137,7 +137,7 @@ impl Reconciler {
                 &self.publisher,
                 &self.cluster,
                 r.job,
-                &r.voice,
+                (&r.voice, r.priority),
                 &r.segments,
             )
             .await;

@@ -218,15 +218,22 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
             state.as_str()
         ),
     };
-    let voice = narrator_db::job_voice(&pool, job).await?;
+    let (voice, priority) = narrator_db::job_route(&pool, job).await?;
     if !segments.is_empty() {
         let conn = cluster::broker(&args.services, "narrator-retry").await?;
         let channel = conn.create_channel().await?;
         narrator_broker::declare(&channel, &voice).await?;
         let publisher = Publisher::new(&conn).await?;
         let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
-        narrator_worker::publish_segments(&pool, &publisher, &cluster_id, job, &voice, &segments)
-            .await?;
+        narrator_worker::publish_segments(
+            &pool,
+            &publisher,
+            &cluster_id,
+            job,
+            (&voice, priority),
+            &segments,
+        )
+        .await?;
         let _ = conn.close(200, "done".into()).await;
     }
     println!(

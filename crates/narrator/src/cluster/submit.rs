@@ -129,7 +129,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             &publisher,
             &cluster_id,
             job,
-            &voice.name,
+            (&voice.name, args.priority),
             &plan.segments,
         )
         .await;
