@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
-use narrator_broker::{Publisher, RETRY_TIERS, retry_queue, work_queue};
+use narrator_broker::{LANES, Publisher, RETRY_TIERS, lane_queue, retry_queue};
 use narrator_db::{PgPool, Uuid};
 use tokio::sync::watch;
 
@@ -102,7 +102,11 @@ impl Reconciler {
         }
         let mut idle = Vec::new();
         for voice in &self.voices {
-            if ready_messages(&self.channel, &work_queue(voice)).await == Some(0) {
+            let mut empty = true;
+            for lane in 0..LANES {
+                empty &= ready_messages(&self.channel, &lane_queue(voice, lane)).await == Some(0);
+            }
+            if empty {
                 idle.push(voice.clone());
             }
         }
