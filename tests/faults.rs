@@ -38,6 +38,24 @@ fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until the job's assembly failed for now and was postponed (not failed), and
+/// `status` says so.
+fn wait_postponed_assembly(w: &World, job: Uuid) {
+    eventually(Duration::from_secs(60), "the assembly postponed", || {
+        w.rt.block_on(
+            sqlx::query_scalar::<_, i32>("SELECT assembly_attempts FROM jobs WHERE id = $1")
+                .bind(job)
+                .fetch_one(&w.pool),
+        )
+        .expect("attempts")
+            >= 1
+    });
+    let st = w.status(job);
+    assert_eq!(st["state"], "running", "not failed: {st}");
+    let waiting = st["waiting"].as_str().unwrap_or("");
+    assert!(waiting.contains("assembly failed for now"), "{st}");
+}
+
 /// Promise 2: a worker never acts on a database that is not its queue's.
 #[test]
 fn a_worker_on_another_database_leaves_the_messages_and_says_why_in_one_line() {
@@ -327,24 +345,7 @@ fn an_object_store_outage_during_assembly_postpones_it_and_the_job_finishes_afte
         .execute(&w.pool),
     )
     .expect("reset");
-    eventually(Duration::from_secs(60), "the assembly postponed", || {
-        w.rt.block_on(
-            sqlx::query_scalar::<_, i32>("SELECT assembly_attempts FROM jobs WHERE id = $1")
-                .bind(job)
-                .fetch_one(&w.pool),
-        )
-        .expect("attempts")
-            >= 1
-    });
-    let st = w.status(job);
-    assert_eq!(st["state"], "running", "{st}");
-    assert!(
-        st["waiting"]
-            .as_str()
-            .unwrap_or("")
-            .contains("assembly failed for now"),
-        "{st}"
-    );
+    wait_postponed_assembly(&w, job);
     s3.up();
     w.wait_state(job, JobState::Done, Duration::from_secs(90));
     check_job(&w, job, true);
@@ -678,24 +679,7 @@ fn a_full_temp_disk_during_assembly_postpones_it_and_the_job_finishes_once_there
         &w.book("full.md", &book_text(2, 3, None)),
         &["--format", "wav"],
     );
-    eventually(Duration::from_secs(60), "the assembly postponed", || {
-        w.rt.block_on(
-            sqlx::query_scalar::<_, i32>("SELECT assembly_attempts FROM jobs WHERE id = $1")
-                .bind(job)
-                .fetch_one(&w.pool),
-        )
-        .expect("attempts")
-            >= 1
-    });
-    let st = w.status(job);
-    assert_eq!(st["state"], "running", "not failed: {st}");
-    assert!(
-        st["waiting"]
-            .as_str()
-            .unwrap_or("")
-            .contains("assembly failed for now"),
-        "{st}"
-    );
+    wait_postponed_assembly(&w, job);
     disk.resize("64m");
     w.wait_state(job, JobState::Done, Duration::from_secs(90));
     check_job(&w, job, false);

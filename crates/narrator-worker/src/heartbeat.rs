@@ -22,39 +22,18 @@ pub(crate) struct Report {
 /// voice the plan with the budget now (halved by out-of-memory failures), those failures,
 /// a fallback to CPU, and the device-busy fraction since the last beat.
 pub struct Describe {
-    id: String,
-    host: String,
-    device: String,
-    hardware: serde_json::Value,
-    instance: Uuid,
-    reports: Vec<Report>,
-    outages: Arc<crate::outage::Outages>,
+    pub(crate) id: String,
+    pub(crate) host: String,
+    pub(crate) device: String,
+    pub(crate) hardware: serde_json::Value,
+    pub(crate) instance: Uuid,
+    pub(crate) reports: Vec<Report>,
+    pub(crate) outages: Arc<crate::outage::Outages>,
     /// (when, busy seconds per voice) at the last beat.
-    last: std::sync::Mutex<Option<(std::time::Instant, Vec<f64>)>>,
+    pub(crate) last: std::sync::Mutex<Option<(std::time::Instant, Vec<f64>)>>,
 }
 
 impl Describe {
-    pub(crate) fn new(
-        id: String,
-        host: String,
-        device: String,
-        hardware: serde_json::Value,
-        instance: Uuid,
-        reports: Vec<Report>,
-        outages: Arc<crate::outage::Outages>,
-    ) -> Self {
-        Self {
-            id,
-            host,
-            device,
-            hardware,
-            instance,
-            reports,
-            outages,
-            last: std::sync::Mutex::new(None),
-        }
-    }
-
     /// The row the next heartbeat writes.
     pub fn info(&self) -> WorkerInfo {
         let now = std::time::Instant::now();

@@ -243,15 +243,16 @@ impl Worker {
                 })
             });
         }
-        let describe = Arc::new(heartbeat::Describe::new(
-            id.clone(),
+        let describe = Arc::new(heartbeat::Describe {
+            id: id.clone(),
             host,
             device,
             hardware,
             instance,
             reports,
             outages,
-        ));
+            last: std::sync::Mutex::new(None),
+        });
         let mut services = tokio::task::JoinSet::new();
         services.spawn(heartbeat::heartbeat(
             pool.clone(),
