@@ -50,6 +50,7 @@ BIN="$ROOT/target/release/narrator"
 S3BIN="$ROOT/.deps/s3/s3s-fs/bin/s3s-fs"
 
 WORK="$(mktemp -d /tmp/narrator-chaos.XXXXXX)"
+chmod 755 "$WORK" # the postgres and rabbitmq users reach their folders inside
 OUT="${OUT:-$WORK}"
 mkdir -p "$OUT"
 PG_PORT=5452 AMQP_PORT=5692 S3_PORT=9030
