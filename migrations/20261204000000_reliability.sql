@@ -37,3 +37,14 @@ ALTER TABLE segments ADD COLUMN rescues integer NOT NULL DEFAULT 0;
 -- The watchdog's scan covers queued jobs too.
 DROP INDEX jobs_unfinished_idx;
 CREATE INDEX jobs_unfinished_idx ON jobs (state) WHERE state IN ('queued', 'running', 'assembling');
+
+-- A segment whose synthesis kills the worker process: the instance whose engine has the
+-- segment now (set when its batch goes to the engine, cleared when it is recorded or
+-- settled), how often a process died with it in its engine, and how often a dying
+-- process returned it to the queue. Deliveries returned by a dying process are put back
+-- uncharged; only the segment that was in the engine when the process died is counted,
+-- runs alone from then on, and is given up on after a few crashes.
+ALTER TABLE segments
+    ADD COLUMN engine_by uuid,
+    ADD COLUMN engine_crashes integer NOT NULL DEFAULT 0,
+    ADD COLUMN returns integer NOT NULL DEFAULT 0;

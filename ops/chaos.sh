@@ -191,7 +191,7 @@ while read -r line; do
               inorder=$(jq "[.segments[].index] == [range(0; $total)]" "$WORK/manifest-$job.json")
               duplicated=$(( duplicated + dups ))
               [[ "$inorder" == true ]] || { say "job $job: manifest segments not 0..$total in order"; duplicated=$((duplicated + 1)); }
-              n=$(find "$WORK/s3/narrator/jobs/$job" -path '*/segments/*' -o -path '*/packs/*' -type f 2>/dev/null | wc -l)
+              n=$(find "$WORK/s3/narrator/jobs/$job" \( -path '*/segments/*' -o -path '*/packs/*' \) -type f 2>/dev/null | wc -l)
               left=$(( left + n )) ;;
         failed|cancelled) say "job $job ended $state: $(sql "SELECT failure_reason FROM jobs WHERE id = '$job'")" ;;
         *) stuck=$((stuck + 1)) ;;

@@ -753,3 +753,80 @@ fn a_priority_book_behind_a_backlog_of_50_starts_at_once_on_every_worker() {
     );
     check_job(&w, urgent, false);
 }
+
+/// Promise 7, a segment that kills its process: the worker dies each time this segment
+/// reaches its engine (a crash of the runtime), and a supervisor restarts it under the
+/// same id. Deliveries the dead process held are put back uncharged (the broker's count
+/// of returns is not theirs); the segments that were in the engine run alone from then
+/// on, so only the culprit crashes again; after 3 crashes it is dead-lettered with the
+/// reason, and every neighbour is done on attempt 1.
+#[test]
+fn a_segment_that_kills_its_worker_is_given_up_alone_and_its_neighbours_are_not_charged() {
+    let mut w = World::new();
+    let book = w.book(
+        "killer.md",
+        &book_text(
+            1,
+            8,
+            Some((4, "This sentence brings the whole worker down.")),
+        ),
+    );
+    let job = w.submit(&book, &["--format", "wav"]);
+    let args = ["--engine", "null", "--max-batch", "4", "--prefetch", "8"];
+    let env = [("NARRATOR_TEST_ABORT_TEXT", "brings the whole worker down")];
+    let mut current = w.spawn_worker("k:1", &args, &env);
+    let mut restarts = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !w.state(job).is_final() {
+        if let Ok(Some(_)) = w.workers[current].try_wait() {
+            // A supervisor restarts it under the same id.
+            restarts += 1;
+            current = w.spawn_worker("k:1", &args, &env);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job stuck: {}\n{}",
+            w.status(job),
+            w.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(w.state(job), JobState::Failed, "{}", w.logs());
+    type Row = (i32, String, i32, Option<String>, Option<String>);
+    let rows: Vec<Row> =
+        w.rt.block_on(
+            sqlx::query_as(
+                "SELECT idx, state, attempts, failure_kind, failure_reason FROM segments \
+                 WHERE job_id = $1 ORDER BY idx",
+            )
+            .bind(job)
+            .fetch_all(&w.pool),
+        )
+        .expect("segments");
+    for (idx, state, attempts, kind, reason) in rows {
+        if idx == 3 {
+            assert_eq!(
+                (state.as_str(), kind.as_deref()),
+                ("failed", Some("engine_crash"))
+            );
+            assert!(
+                reason.as_deref().unwrap_or("").contains("died 3 times"),
+                "{reason:?}"
+            );
+        } else {
+            assert_eq!(
+                (state.as_str(), attempts),
+                ("done", 1),
+                "segment {idx}: {kind:?} {reason:?}\n{}",
+                w.logs()
+            );
+        }
+    }
+    assert_eq!(
+        restarts,
+        3,
+        "one crash per try of the culprit: {}",
+        w.logs()
+    );
+    assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 1);
+}

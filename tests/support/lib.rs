@@ -260,6 +260,7 @@ impl World {
             .env_remove("NARRATOR_TEST_FAIL_TEXT")
             .env_remove("NARRATOR_TEST_FAIL_ONCE")
             .env_remove("NARRATOR_TEST_CRASH_AFTER_COMMIT")
+            .env_remove("NARRATOR_TEST_ABORT_TEXT")
             .env_remove("NARRATOR_VOICE");
         c
     }

@@ -38,7 +38,6 @@ struct Held {
     acker: Acker,
     body: Vec<u8>,
     properties: BasicProperties,
-    attempt: u32,
     lane: u8,
 }
 
@@ -50,6 +49,27 @@ impl Ticket {
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
+
+    /// Whether the broker delivered it again after a consumer went away holding it (a
+    /// process that died or a connection that dropped): its `x-delivery-count` is above 0.
+    pub fn returned(&self) -> bool {
+        self.properties
+            .headers()
+            .as_ref()
+            .and_then(|h| int_header(h, DELIVERY_COUNT_HEADER))
+            .is_some_and(|n| n > 0)
+    }
+}
+
+/// The attempts narrator charged a message before this delivery (`x-narrator-attempts`),
+/// without what the broker counted for consumers that went away.
+fn charged_before(properties: &BasicProperties) -> u32 {
+    properties
+        .headers()
+        .as_ref()
+        .and_then(|h| int_header(h, ATTEMPTS_HEADER))
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(0)
 }
 
 enum Action {
@@ -228,14 +248,7 @@ impl Consumer {
             let mut streams = self.streams.lock().await;
             for (lane, stream) in streams.iter_mut() {
                 while let Some(Some(Ok(d))) = futures_lite::future::poll_once(stream.next()).await {
-                    let attempt = attempt_of(&d.properties);
-                    self.hold(
-                        (*lane, d.delivery_tag),
-                        &d.acker,
-                        &d.data,
-                        &d.properties,
-                        attempt,
-                    );
+                    self.hold((*lane, d.delivery_tag), &d.acker, &d.data, &d.properties);
                 }
             }
         }
@@ -247,7 +260,7 @@ impl Consumer {
         for h in held {
             let props = h.properties.clone().with_headers(republish_headers(
                 &h.properties,
-                h.attempt.saturating_sub(1),
+                charged_before(&h.properties),
                 (RETURNED_HEADER, "shutdown"),
             ));
             let queue = lane_queue(&self.voice, h.lane);
@@ -270,14 +283,7 @@ impl Consumer {
             .map_err(|e| BrokerError::amqp("channel.close", e))
     }
 
-    fn hold(
-        &self,
-        tag: (u8, u64),
-        acker: &Acker,
-        body: &[u8],
-        properties: &BasicProperties,
-        attempt: u32,
-    ) {
+    fn hold(&self, tag: (u8, u64), acker: &Acker, body: &[u8], properties: &BasicProperties) {
         let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
         map.insert(
             tag,
@@ -285,7 +291,6 @@ impl Consumer {
                 acker: acker.clone(),
                 body: body.to_vec(),
                 properties: properties.clone(),
-                attempt,
                 lane: tag.0,
             },
         );
@@ -380,13 +385,7 @@ impl Consumer {
         };
         let attempt = attempt_of(&d.properties);
         let decoded = SegmentMessage::decode(&d.data);
-        self.hold(
-            (lane, d.delivery_tag),
-            &d.acker,
-            &d.data,
-            &d.properties,
-            attempt,
-        );
+        self.hold((lane, d.delivery_tag), &d.acker, &d.data, &d.properties);
         let ticket = Ticket {
             acker: d.acker,
             body: d.data,
@@ -417,6 +416,7 @@ impl Consumer {
                     attempt,
                     enqueued_at_ms: Some(m.enqueued_at_ms),
                     lane,
+                    alone: false,
                     ticket,
                 });
                 Ok(Took::More)
@@ -460,6 +460,24 @@ impl Consumer {
                     multiple: false,
                 };
                 ("basic.nack", acker.nack(opts).await)
+            }
+            Action::Decided(Decision::Release) => {
+                let props = properties.clone().with_headers(republish_headers(
+                    &properties,
+                    charged_before(&properties),
+                    (RETURNED_HEADER, "consumer gone"),
+                ));
+                if let Err(e) = self.publisher.publish_raw("", &queue, &body, props).await {
+                    let opts = BasicNackOptions {
+                        requeue: true,
+                        multiple: false,
+                    };
+                    if let Err(nack) = acker.nack(opts).await {
+                        tracing::warn!(error = %nack, "nack after a failed release publish failed");
+                    }
+                    return Err(e);
+                }
+                ("basic.ack", acker.ack(BasicAckOptions::default()).await)
             }
             Action::Decided(Decision::Ack) => {
                 ("basic.ack", acker.ack(BasicAckOptions::default()).await)

@@ -55,6 +55,10 @@ pub enum Decision {
         /// The delay; rounded up to the next tier.
         after: Duration,
     },
+    /// Put it back at the end of its queue *uncharged*: with the attempts charged before
+    /// it, whatever the broker counted (it came back because a consumer went away holding
+    /// it, not through its own fault).
+    Release,
     /// Give up: park it in `narrator.dead` with the reason.
     DeadLetter {
         /// Why, one line.

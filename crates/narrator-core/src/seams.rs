@@ -210,6 +210,8 @@ pub struct Delivery<T> {
     pub enqueued_at_ms: Option<u64>,
     /// Its priority lane: 0 normal; higher lanes go to the device first.
     pub lane: u8,
+    /// Run it in a batch of its own: it was in the engine when a worker process died.
+    pub alone: bool,
     /// Acknowledgement handle.
     pub ticket: T,
 }
@@ -228,6 +230,24 @@ pub trait SegmentQueue: Send + Sync {
     fn ack(&self, ticket: Self::Ticket) -> impl Future<Output = Result<(), SeamError>> + Send;
     /// The segment was not done: deliver it again (attempt + 1).
     fn requeue(&self, ticket: Self::Ticket) -> impl Future<Output = Result<(), SeamError>> + Send;
+    /// The segments of `batch` (job, index) are about to go to the engine: a queue that
+    /// tells crashes apart records it. The default does nothing.
+    fn before_engine(
+        &self,
+        batch: &[(String, u32)],
+    ) -> impl Future<Output = Result<(), SeamError>> + Send {
+        let _ = batch;
+        std::future::ready(Ok(()))
+    }
+    /// The engine is done with the segments of `batch` (whatever the outcome): they are
+    /// no longer at risk of a crash of the engine. The default does nothing.
+    fn after_engine(
+        &self,
+        batch: &[(String, u32)],
+    ) -> impl Future<Output = Result<(), SeamError>> + Send {
+        let _ = batch;
+        std::future::ready(Ok(()))
+    }
     /// The segment failed (its kind word, retry class and reason); the queue decides
     /// between a later retry and giving up (a networked queue dead-letters it with the
     /// reason). The default requeues it.

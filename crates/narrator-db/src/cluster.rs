@@ -94,6 +94,177 @@ pub async fn check_segments(
         .collect()
 }
 
+/// A delivery as the worker's guard checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryKey {
+    /// The job.
+    pub job: Uuid,
+    /// The segment index.
+    pub index: u32,
+    /// The broker delivered it again after a consumer went away holding it (its
+    /// `x-delivery-count` is above 0).
+    pub returned: bool,
+}
+
+/// What the guard learns about a delivery beyond [`SegmentCheck`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryHistory {
+    /// The check.
+    pub check: SegmentCheck,
+    /// How often a worker process died while this segment was in its engine (counting
+    /// the death this check noticed).
+    pub engine_crashes: u32,
+    /// How often a dying process returned it to the queue (counting this delivery).
+    pub returns: u32,
+}
+
+/// [`check_segments`] for a worker process `instance`, noticing crashes: a segment whose
+/// `engine_by` names another process that is gone (its worker row is not fresher than
+/// `stale` with that instance) or that returned this delivery (the consumer went away
+/// while the segment was in its engine) was in the engine of a process that died: its
+/// `engine_crashes` goes up by one and `engine_by` is cleared. A delivery marked
+/// `returned` counts one more return. One query, plus one update when anything changed.
+pub async fn check_deliveries(
+    pool: &PgPool,
+    deliveries: &[DeliveryKey],
+    instance: Uuid,
+    stale: Duration,
+) -> Result<Vec<DeliveryHistory>, DbError> {
+    if deliveries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let jobs: Vec<Uuid> = deliveries.iter().map(|d| d.job).collect();
+    let idx = deliveries
+        .iter()
+        .map(|d| int4("segment index", d.index))
+        .collect::<Result<Vec<i32>, DbError>>()?;
+    let returned: Vec<bool> = deliveries.iter().map(|d| d.returned).collect();
+    let rows = sqlx::query(
+        "SELECT i.n, j.state AS job_state, s.state AS seg_state, \
+           coalesce(s.engine_crashes, 0) AS crashes, coalesce(s.returns, 0) AS returns, \
+           (s.engine_by IS NOT NULL AND s.engine_by <> $4 AND (i.returned OR NOT EXISTS ( \
+              SELECT 1 FROM workers w WHERE w.instance = s.engine_by \
+                AND w.last_seen > now() - make_interval(secs => $5)))) AS crashed, \
+           i.returned \
+         FROM unnest($1::uuid[], $2::int4[], $3::bool[]) WITH ORDINALITY AS i(job_id, idx, returned, n) \
+         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
+         LEFT JOIN jobs j ON j.id = s.job_id ORDER BY i.n",
+    )
+    .bind(&jobs)
+    .bind(&idx)
+    .bind(&returned)
+    .bind(instance)
+    .bind(secs(stale))
+    .fetch_all(pool)
+    .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    let (mut crashed_keys, mut returned_keys) = (Vec::new(), Vec::new());
+    for (row, d) in rows.iter().zip(deliveries) {
+        let seg: Option<String> = row.try_get("seg_state")?;
+        let job: Option<String> = row.try_get("job_state")?;
+        let crashed = row.try_get::<Option<bool>, _>("crashed")?.unwrap_or(false);
+        let mut crashes: u32 = unsigned(
+            "engine_crashes",
+            i64::from(row.try_get::<i32, _>("crashes")?),
+        )?;
+        let mut returns: u32 = unsigned("returns", i64::from(row.try_get::<i32, _>("returns")?))?;
+        let check = match (seg, job) {
+            (Some(seg), Some(job)) => {
+                let job_state = JobState::parse(&job)?;
+                if seg == "done" {
+                    SegmentCheck::AlreadyDone
+                } else if job_state.is_final() {
+                    SegmentCheck::JobEnded(job_state)
+                } else {
+                    SegmentCheck::Work
+                }
+            }
+            _ => SegmentCheck::Unknown,
+        };
+        if check == SegmentCheck::Work {
+            if crashed {
+                crashes += 1;
+                crashed_keys.push((d.job, int4("segment index", d.index)?));
+            }
+            if d.returned {
+                returns += 1;
+                returned_keys.push((d.job, int4("segment index", d.index)?));
+            }
+        }
+        out.push(DeliveryHistory {
+            check,
+            engine_crashes: crashes,
+            returns,
+        });
+    }
+    if !crashed_keys.is_empty() || !returned_keys.is_empty() {
+        let (cj, ci): (Vec<Uuid>, Vec<i32>) = crashed_keys.into_iter().unzip();
+        let (rj, ri): (Vec<Uuid>, Vec<i32>) = returned_keys.into_iter().unzip();
+        sqlx::query(
+            "WITH c AS (UPDATE segments s SET engine_crashes = s.engine_crashes + 1, engine_by = NULL \
+               FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
+               WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.engine_by IS NOT NULL RETURNING 1) \
+             UPDATE segments s SET returns = s.returns + 1 \
+               FROM unnest($3::uuid[], $4::int4[]) AS k(job_id, idx) \
+               WHERE s.job_id = k.job_id AND s.idx = k.idx",
+        )
+        .bind(&cj)
+        .bind(&ci)
+        .bind(&rj)
+        .bind(&ri)
+        .execute(pool)
+        .await?;
+    }
+    Ok(out)
+}
+
+/// Marks segments as being in `instance`'s engine (just before their batch runs): should
+/// the process die, the next delivery of each tells a crash ([`check_deliveries`]).
+pub async fn mark_in_engine(
+    exec: impl PgExecutor<'_>,
+    instance: Uuid,
+    segments: &[(Uuid, u32)],
+) -> Result<(), DbError> {
+    let jobs: Vec<Uuid> = segments.iter().map(|s| s.0).collect();
+    let idx = segments
+        .iter()
+        .map(|s| int4("segment index", s.1))
+        .collect::<Result<Vec<i32>, DbError>>()?;
+    sqlx::query(
+        "UPDATE segments s SET engine_by = $3 FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
+         WHERE s.job_id = k.job_id AND s.idx = k.idx",
+    )
+    .bind(&jobs)
+    .bind(&idx)
+    .bind(instance)
+    .execute(exec)
+    .await?;
+    Ok(())
+}
+
+/// Clears the engine marks `instance` set on `segments` (their batch left the engine).
+pub async fn clear_engine_marks(
+    exec: impl PgExecutor<'_>,
+    instance: Uuid,
+    segments: &[(Uuid, u32)],
+) -> Result<(), DbError> {
+    let jobs: Vec<Uuid> = segments.iter().map(|s| s.0).collect();
+    let idx = segments
+        .iter()
+        .map(|s| int4("segment index", s.1))
+        .collect::<Result<Vec<i32>, DbError>>()?;
+    sqlx::query(
+        "UPDATE segments s SET engine_by = NULL FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
+         WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.engine_by = $3",
+    )
+    .bind(&jobs)
+    .bind(&idx)
+    .bind(instance)
+    .execute(exec)
+    .await?;
+    Ok(())
+}
+
 /// Settings the producer chose that the assembler applies.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct JobSettings {

@@ -125,7 +125,7 @@ pub async fn record_segments(
                  queue_wait_seconds = i.queue_wait_seconds, batch_size = i.batch_size, \
                  attempts = i.attempts, worker = i.worker, phoneme_ids = i.phoneme_ids, \
                  pack_key = i.pack_key, pack_offset = i.pack_offset, pack_len = i.pack_len, \
-                 done_at = now(), failure_kind = NULL, failure_reason = NULL \
+                 done_at = now(), failure_kind = NULL, failure_reason = NULL, engine_by = NULL \
                FROM input i WHERE s.job_id = $1 AND s.idx = i.idx AND s.state <> 'done' \
                  AND (SELECT count(*) FROM segments k \
                       WHERE k.job_id = $1 AND k.idx = ANY($2)) = cardinality($2) \
@@ -208,7 +208,7 @@ pub async fn fail_segment(
 ) -> Result<bool, DbError> {
     let n = sqlx::query(
         "WITH seg AS (UPDATE segments SET state = 'failed', attempts = $3, failure_kind = $4, \
-         failure_reason = $5 WHERE job_id = $1 AND idx = $2 AND state <> 'done' RETURNING job_id), \
+         failure_reason = $5, engine_by = NULL WHERE job_id = $1 AND idx = $2 AND state <> 'done' RETURNING job_id), \
          job AS (UPDATE jobs SET progress_at = now() WHERE id IN (SELECT job_id FROM seg)) \
          SELECT 1 FROM seg",
     )

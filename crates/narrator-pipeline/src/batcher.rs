@@ -251,6 +251,8 @@ impl<T> Batcher<T> {
 pub struct LaneBatcher<T> {
     /// Highest lane first.
     lanes: Vec<Batcher<T>>,
+    /// Segments that run in a batch of their own, first come first.
+    alone: VecDeque<T>,
 }
 
 impl<T> LaneBatcher<T> {
@@ -258,7 +260,14 @@ impl<T> LaneBatcher<T> {
     pub fn new(lanes: u8) -> Self {
         Self {
             lanes: (0..lanes.max(1)).map(|_| Batcher::new()).collect(),
+            alone: VecDeque::new(),
         }
+    }
+
+    /// A segment that runs in a batch of its own, before anything else (it was in the
+    /// engine when a worker process died: alone, it cannot take others down with it).
+    pub fn append_alone(&mut self, item: T) {
+        self.alone.push_back(item);
     }
 
     fn lane(&mut self, lane: u8) -> &mut Batcher<T> {
@@ -274,12 +283,15 @@ impl<T> LaneBatcher<T> {
 
     /// Whether nothing waits in any lane.
     pub fn is_empty(&self) -> bool {
-        self.lanes.iter().all(Batcher::is_empty)
+        self.alone.is_empty() && self.lanes.iter().all(Batcher::is_empty)
     }
 
     /// The next batch: from the highest lane that has segments; a lane above the lowest
     /// leaves at once (flushed), the lowest waits as [`Batcher::next_batch`] decides.
     pub fn next_batch(&mut self, budget: &Budget, now: Instant, flush: bool) -> Option<Vec<T>> {
+        if let Some(item) = self.alone.pop_front() {
+            return Some(vec![item]);
+        }
         let last = self.lanes.len() - 1;
         for (i, b) in self.lanes.iter_mut().enumerate() {
             if b.is_empty() {
@@ -293,7 +305,7 @@ impl<T> LaneBatcher<T> {
     /// When the next batch must leave (`None` when empty): now if a higher lane waits.
     pub fn deadline(&self, budget: &Budget) -> Option<Instant> {
         let last = self.lanes.len() - 1;
-        if self.lanes[..last].iter().any(|b| !b.is_empty()) {
+        if !self.alone.is_empty() || self.lanes[..last].iter().any(|b| !b.is_empty()) {
             return Some(Instant::now());
         }
         self.lanes[last].deadline(budget)
@@ -301,10 +313,16 @@ impl<T> LaneBatcher<T> {
 
     /// [`Batcher::drop_where`] in every lane.
     pub fn drop_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
-        self.lanes
-            .iter_mut()
-            .flat_map(|b| b.drop_where(&mut pred))
-            .collect()
+        let mut gone = Vec::new();
+        for x in std::mem::take(&mut self.alone) {
+            if pred(&x) {
+                gone.push(x);
+            } else {
+                self.alone.push_back(x);
+            }
+        }
+        gone.extend(self.lanes.iter_mut().flat_map(|b| b.drop_where(&mut pred)));
+        gone
     }
 }
 
@@ -329,6 +347,13 @@ mod tests {
         assert_eq!(lanes.next_batch(&b, t0, false), None);
         assert_eq!(lanes.next_batch(&b, t0, true), Some(vec![0, 1, 2]));
         assert!(lanes.is_empty());
+        // A suspect runs alone, before the lanes.
+        lanes.append(1, 200, 10, 1, t0);
+        lanes.append_alone(300);
+        lanes.append_alone(301);
+        assert_eq!(lanes.next_batch(&b, t0, false), Some(vec![300]));
+        assert_eq!(lanes.next_batch(&b, t0, false), Some(vec![301]));
+        assert_eq!(lanes.next_batch(&b, t0, false), Some(vec![200]));
     }
 
     fn budget(tokens: usize, requests: usize, wait_ms: u64) -> Budget {

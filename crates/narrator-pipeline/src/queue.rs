@@ -114,6 +114,7 @@ impl SegmentQueue for InProcessQueue {
                         attempt: item.attempt,
                         enqueued_at_ms: None,
                         lane: 0,
+                        alone: false,
                         ticket: Ticket(item),
                     }));
                 }

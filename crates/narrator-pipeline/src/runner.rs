@@ -238,6 +238,13 @@ where
 {
     let started_ms = unix_ms();
     let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+    let keys: Vec<(String, u32)> = deliveries
+        .iter()
+        .map(|d| (d.job_id.clone(), d.segment.index))
+        .collect();
+    if let Err(e) = queue.before_engine(&keys).await {
+        tracing::debug!(error = %e, "cannot mark the batch as in the engine; going on");
+    }
     let backup = (isolate && prepared.len() > 1).then(|| prepared.clone());
     let done = match synthesize_caught(&stages.synth, prepared).await {
         Ok(d) => d
@@ -276,6 +283,9 @@ where
             }
         },
     };
+    if let Err(e) = queue.after_engine(&keys).await {
+        tracing::debug!(error = %e, "cannot clear the batch's engine marks; going on");
+    }
     // The engine is free for the next batch while this one is stored (the number of
     // batches being stored is bounded by the queue's prefetch).
     drop(engine_slot);
@@ -338,8 +348,12 @@ async fn absorb<Q: SegmentQueue>(
     match item {
         Ok(r) => {
             let (len, n) = (r.0.max_len(), r.0.utterances.len());
-            let lane = r.1.lane;
-            batcher.append(lane, r, len, n, Instant::now());
+            if r.1.alone {
+                batcher.append_alone(r);
+            } else {
+                let lane = r.1.lane;
+                batcher.append(lane, r, len, n, Instant::now());
+            }
             Ok(())
         }
         Err(Failed::Fatal(e)) => Err(e),
@@ -441,7 +455,7 @@ where
         }
         // Wait for a free slot first, then let the batcher decide: under load the batch
         // fills with everything that arrived while the engine was busy.
-        let permit = slots
+        let mut permit = slots
             .clone()
             .acquire_owned()
             .await
@@ -532,6 +546,17 @@ where
         }
         if batch.is_empty() {
             continue;
+        }
+        if batch.iter().any(|(_, d)| d.alone) && opts.in_flight > 1 {
+            // A segment that was in the engine when a process died runs with nothing else
+            // in flight: should it crash the process again, no other segment is charged.
+            let rest = u32::try_from(opts.in_flight - 1).unwrap_or(u32::MAX);
+            let others = slots
+                .clone()
+                .acquire_many_owned(rest)
+                .await
+                .map_err(|_| PipelineError::Internal("semaphore closed"))?;
+            permit.merge(others);
         }
         batch.sort_by_key(|(p, _)| p.max_len());
         for (p, _) in &batch {

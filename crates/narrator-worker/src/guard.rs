@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use narrator_broker::{Consumer, Decision, MAX_ATTEMPTS, failure_decision};
 use narrator_core::{Delivery, Failure, RetryClass, SeamError, SegmentQueue};
-use narrator_db::{PgPool, SegmentCheck, Uuid};
+use narrator_db::{DeliveryKey, PgPool, SegmentCheck, Uuid};
 use tokio::sync::{Mutex, watch};
 
 use crate::outage::Outages;
@@ -28,7 +28,19 @@ pub struct GuardedQueue {
     ready: Mutex<VecDeque<Delivery<GuardTicket>>>,
     /// The outage in progress: new work waits out its pause.
     outages: Arc<Outages>,
+    /// This process (engine marks name it).
+    instance: Uuid,
+    /// A worker row older than this is a process that is gone.
+    stale: Duration,
 }
+
+/// Worker processes that may die with a segment in their engine before it is given up
+/// on (it crashes the engine).
+pub const MAX_ENGINE_CRASHES: u32 = 3;
+
+/// Times a segment may be returned by consumers that went away before it is given up on
+/// (it takes down its process before reaching the engine, e.g. while phonemizing).
+pub const MAX_RETURNS: u32 = 10;
 
 /// A delivery's ticket with what the failure path needs.
 pub struct GuardTicket {
@@ -46,6 +58,7 @@ impl GuardedQueue {
         stop: watch::Receiver<bool>,
         worker: String,
         outages: Arc<Outages>,
+        (instance, stale): (Uuid, Duration),
     ) -> Self {
         Self {
             inner,
@@ -54,6 +67,8 @@ impl GuardedQueue {
             worker,
             ready: Mutex::default(),
             outages,
+            instance,
+            stale,
         }
     }
 
@@ -98,11 +113,22 @@ impl GuardedQueue {
                     }
                 }
             }
-            let keys: Vec<(Uuid, u32)> = parsed
+            let keys: Vec<DeliveryKey> = parsed
                 .iter()
-                .map(|(job, d)| (*job, d.segment.index))
+                .map(|(job, d)| DeliveryKey {
+                    job: *job,
+                    index: d.segment.index,
+                    returned: d.ticket.returned(),
+                })
                 .collect();
-            let checks = match narrator_db::check_segments(&self.pool, &keys).await {
+            let checks = match narrator_db::check_deliveries(
+                &self.pool,
+                &keys,
+                self.instance,
+                self.stale,
+            )
+            .await
+            {
                 // One check per delivery, in their order (see check_segments).
                 Ok(c) => c,
                 Err(e) => {
@@ -126,27 +152,58 @@ impl GuardedQueue {
                     continue;
                 }
             };
-            for ((job, d), check) in parsed.into_iter().zip(checks) {
+            for ((job, d), history) in parsed.into_iter().zip(checks) {
                 let index = d.segment.index;
+                let returned = d.ticket.returned();
                 let ticket = GuardTicket {
                     job,
                     index,
                     attempt: d.attempt,
                     inner: d.ticket,
                 };
-                match check {
-                    SegmentCheck::Work if d.attempt > MAX_ATTEMPTS => {
-                        // The broker's delivery limit dead-letters the next return on its
-                        // own, without a reason or a record: give up here, with both.
-                        let failure = Failure {
-                            kind: "delivery_limit",
-                            class: RetryClass::Permanent,
-                            reason: format!(
+                let given_up = |kind: &'static str, reason: String| Failure {
+                    kind,
+                    class: RetryClass::Permanent,
+                    reason,
+                };
+                match history.check {
+                    SegmentCheck::Work if history.engine_crashes >= MAX_ENGINE_CRASHES => {
+                        let failure = given_up(
+                            "engine_crash",
+                            format!(
+                                "a worker process died {} times while synthesizing this segment (it crashes the engine)",
+                                history.engine_crashes
+                            ),
+                        );
+                        self.fail(ticket, &failure).await?;
+                    }
+                    SegmentCheck::Work if history.returns > MAX_RETURNS => {
+                        let failure = given_up(
+                            "returned",
+                            format!(
+                                "delivered to {} workers that went away before finishing it",
+                                history.returns
+                            ),
+                        );
+                        self.fail(ticket, &failure).await?;
+                    }
+                    SegmentCheck::Work if d.attempt > MAX_ATTEMPTS && !returned => {
+                        let failure = given_up(
+                            "delivery_limit",
+                            format!(
                                 "delivered {} times without being finished (workers stopped or died holding it)",
                                 d.attempt
                             ),
-                        };
+                        );
                         self.fail(ticket, &failure).await?;
+                    }
+                    SegmentCheck::Work if returned => {
+                        // A consumer went away holding it (a process died, a connection
+                        // dropped): not this segment's fault. Back to the queue with the
+                        // attempts charged before, so the broker's delivery limit never
+                        // takes the neighbours of a segment that kills its process.
+                        tracing::debug!(%job, index, crashes = history.engine_crashes, "returned by a consumer that went away; released uncharged");
+                        self.inner.settle(ticket.inner, Decision::Release).await?;
                     }
                     SegmentCheck::Work => ready.push_back(Delivery {
                         job_id: d.job_id,
@@ -154,6 +211,9 @@ impl GuardedQueue {
                         attempt: d.attempt,
                         enqueued_at_ms: d.enqueued_at_ms,
                         lane: d.lane,
+                        // In the engine when a process died: alone from now on, so it
+                        // cannot take others down with it.
+                        alone: history.engine_crashes > 0,
                         ticket,
                     }),
                     other => {
@@ -164,6 +224,18 @@ impl GuardedQueue {
             }
         }
     }
+}
+
+/// (job, index) pairs of a batch, with job ids parsed (the guard let only UUIDs through).
+fn keys_of(batch: &[(String, u32)]) -> Vec<(Uuid, u32)> {
+    batch
+        .iter()
+        .filter_map(|(job, index)| Uuid::parse_str(job).ok().map(|j| (j, *index)))
+        .collect()
+}
+
+fn seam(e: narrator_db::DbError) -> SeamError {
+    SeamError::new(e.kind(), e.retry_class(), e.to_string(), e)
 }
 
 impl SegmentQueue for GuardedQueue {
@@ -195,8 +267,20 @@ impl SegmentQueue for GuardedQueue {
             .collect();
         let gone = narrator_db::abandoned_jobs(&self.pool, &ids)
             .await
-            .map_err(|e| SeamError::new(e.kind(), e.retry_class(), e.to_string(), e))?;
+            .map_err(seam)?;
         Ok(gone.iter().map(Uuid::to_string).collect())
+    }
+
+    async fn before_engine(&self, batch: &[(String, u32)]) -> Result<(), SeamError> {
+        narrator_db::mark_in_engine(&self.pool, self.instance, &keys_of(batch))
+            .await
+            .map_err(seam)
+    }
+
+    async fn after_engine(&self, batch: &[(String, u32)]) -> Result<(), SeamError> {
+        narrator_db::clear_engine_marks(&self.pool, self.instance, &keys_of(batch))
+            .await
+            .map_err(seam)
     }
 
     async fn fail(&self, ticket: GuardTicket, failure: &Failure) -> Result<(), SeamError> {

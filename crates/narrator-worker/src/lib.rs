@@ -170,6 +170,17 @@ impl Worker {
         } = config;
         let instance = Uuid::new_v4();
         let cluster = narrator_db::cluster_id(&pool).await?;
+        // The worker's row names this process before anything is consumed: claims and
+        // engine marks of a predecessor under the same id are then told from ours.
+        let first = narrator_db::WorkerInfo {
+            id: id.clone(),
+            host: host.clone(),
+            device: device.clone(),
+            hardware: hardware.clone(),
+            plan: serde_json::Value::Array(Vec::new()),
+            instance: Some(instance),
+        };
+        narrator_db::heartbeat(&pool, &first, 0).await?;
         let conn =
             narrator_broker::connect_named(&amqp_url, &format!("narrator-worker {id}")).await?;
         let channel = conn.create_channel().await.map_err(|e| BrokerError::Amqp {
@@ -208,6 +219,7 @@ impl Worker {
                 stop.clone(),
                 id.clone(),
                 outages.clone(),
+                (instance, every * 6),
             ));
             let stages = Stages {
                 synth,

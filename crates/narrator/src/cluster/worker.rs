@@ -159,6 +159,18 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
                 seen.insert(s.text.clone()).then_some(false)
             }));
         }
+        if let Ok(needle) = std::env::var("NARRATOR_TEST_ABORT_TEXT") {
+            // Fault injection for tests: a segment containing this text kills the whole
+            // process when it reaches the engine (as a crash of the runtime would).
+            tracing::warn!(%needle, "fault injection on: segments containing it abort the process");
+            synth = synth.with_fault(Arc::new(move |s| {
+                if s.text.contains(&needle) {
+                    eprintln!("aborting on segment {} (NARRATOR_TEST_ABORT_TEXT)", s.index);
+                    std::process::abort();
+                }
+                None
+            }));
+        }
         // Two batches per session plus one being stored (the plan's prefetch).
         let prefetch = args
             .prefetch
