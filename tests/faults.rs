@@ -792,17 +792,7 @@ fn a_segment_that_kills_its_worker_is_given_up_alone_and_its_neighbours_are_not_
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(w.state(job), JobState::Failed, "{}", w.logs());
-    type Row = (i32, String, i32, Option<String>, Option<String>);
-    let rows: Vec<Row> =
-        w.rt.block_on(
-            sqlx::query_as(
-                "SELECT idx, state, attempts, failure_kind, failure_reason FROM segments \
-                 WHERE job_id = $1 ORDER BY idx",
-            )
-            .bind(job)
-            .fetch_all(&w.pool),
-        )
-        .expect("segments");
+    let rows = w.segment_rows(job);
     for (idx, state, attempts, kind, reason) in rows {
         if idx == 3 {
             assert_eq!(

@@ -144,6 +144,9 @@ pub fn s3_config() -> S3Config {
     }
 }
 
+/// A segment row: (index, state, attempts, failure kind, failure reason).
+pub type SegmentRow = (i32, String, i32, Option<String>, Option<String>);
+
 /// One test's world: its database, its broker vhost, its worker processes, a folder.
 pub struct World {
     /// A runtime for the test's own service calls.
@@ -416,6 +419,20 @@ impl World {
             .expect("job")
             .summary
             .segments_done
+    }
+
+    /// The job's segments: (index, state, attempts, failure kind, failure reason), by index.
+    pub fn segment_rows(&self, job: Uuid) -> Vec<SegmentRow> {
+        self.rt
+            .block_on(
+                sqlx::query_as(
+                    "SELECT idx, state, attempts, failure_kind, failure_reason FROM segments \
+                     WHERE job_id = $1 ORDER BY idx",
+                )
+                .bind(job)
+                .fetch_all(&self.pool),
+            )
+            .expect("segments")
     }
 
     /// A connection to this world's vhost.

@@ -218,12 +218,15 @@ pub async fn check_deliveries(
     Ok(out)
 }
 
-/// Marks segments as being in `instance`'s engine (just before their batch runs): should
-/// the process die, the next delivery of each tells a crash ([`check_deliveries`]).
+/// Marks segments as being in `instance`'s engine (`in_engine` true, just before their
+/// batch runs: should the process die, the next delivery of each tells a crash, see
+/// [`check_deliveries`]) or clears the marks `instance` set (`false`, their batch left the
+/// engine).
 pub async fn mark_in_engine(
     exec: impl PgExecutor<'_>,
     instance: Uuid,
     segments: &[(Uuid, u32)],
+    in_engine: bool,
 ) -> Result<(), DbError> {
     let jobs: Vec<Uuid> = segments.iter().map(|s| s.0).collect();
     let idx = segments
@@ -231,35 +234,14 @@ pub async fn mark_in_engine(
         .map(|s| int4("segment index", s.1))
         .collect::<Result<Vec<i32>, DbError>>()?;
     sqlx::query(
-        "UPDATE segments s SET engine_by = $3 FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
-         WHERE s.job_id = k.job_id AND s.idx = k.idx",
+        "UPDATE segments s SET engine_by = CASE WHEN $4 THEN $3 END \
+         FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
+         WHERE s.job_id = k.job_id AND s.idx = k.idx AND ($4 OR s.engine_by = $3)",
     )
     .bind(&jobs)
     .bind(&idx)
     .bind(instance)
-    .execute(exec)
-    .await?;
-    Ok(())
-}
-
-/// Clears the engine marks `instance` set on `segments` (their batch left the engine).
-pub async fn clear_engine_marks(
-    exec: impl PgExecutor<'_>,
-    instance: Uuid,
-    segments: &[(Uuid, u32)],
-) -> Result<(), DbError> {
-    let jobs: Vec<Uuid> = segments.iter().map(|s| s.0).collect();
-    let idx = segments
-        .iter()
-        .map(|s| int4("segment index", s.1))
-        .collect::<Result<Vec<i32>, DbError>>()?;
-    sqlx::query(
-        "UPDATE segments s SET engine_by = NULL FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
-         WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.engine_by = $3",
-    )
-    .bind(&jobs)
-    .bind(&idx)
-    .bind(instance)
+    .bind(in_engine)
     .execute(exec)
     .await?;
     Ok(())

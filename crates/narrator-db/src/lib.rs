@@ -26,9 +26,9 @@ pub use bench::{BenchRow, StoredBench, bench_table_exists, fleet_bench, record_b
 pub use cluster::{
     DeliveryHistory, DeliveryKey, JobSettings, Output, Rescue, RetryOutcome, SegmentCheck,
     StoredJob, abandoned_jobs, assembly_attempts, check_deliveries, check_segment, check_segments,
-    claim_assembly_for, clear_engine_marks, cluster_id, fail_settled_jobs, finish_with_outputs,
-    job_outputs, job_route, job_voice, load_job, mark_in_engine, postpone_assembly,
-    rescue_stuck_jobs, retry_job, set_settings, take_over_assemblies,
+    claim_assembly_for, cluster_id, fail_settled_jobs, finish_with_outputs, job_outputs, job_route,
+    job_voice, load_job, mark_in_engine, postpone_assembly, rescue_stuck_jobs, retry_job,
+    set_settings, take_over_assemblies,
 };
 pub use error::DbError;
 pub use jobs::{

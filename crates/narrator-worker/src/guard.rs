@@ -272,13 +272,13 @@ impl SegmentQueue for GuardedQueue {
     }
 
     async fn before_engine(&self, batch: &[(String, u32)]) -> Result<(), SeamError> {
-        narrator_db::mark_in_engine(&self.pool, self.instance, &keys_of(batch))
+        narrator_db::mark_in_engine(&self.pool, self.instance, &keys_of(batch), true)
             .await
             .map_err(seam)
     }
 
     async fn after_engine(&self, batch: &[(String, u32)]) -> Result<(), SeamError> {
-        narrator_db::clear_engine_marks(&self.pool, self.instance, &keys_of(batch))
+        narrator_db::mark_in_engine(&self.pool, self.instance, &keys_of(batch), false)
             .await
             .map_err(seam)
     }

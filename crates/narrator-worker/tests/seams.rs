@@ -100,17 +100,7 @@ fn a_panicking_segment_fails_alone_and_its_neighbours_are_not_charged() {
         .expect("the worker ran without error");
     assert_eq!(summary.segments_done, 5);
     assert_eq!(w.state(job), JobState::Failed);
-    type Row = (i32, String, i32, Option<String>, Option<String>);
-    let rows: Vec<Row> =
-        w.rt.block_on(
-            sqlx::query_as(
-                "SELECT idx, state, attempts, failure_kind, failure_reason FROM segments \
-                 WHERE job_id = $1 ORDER BY idx",
-            )
-            .bind(job)
-            .fetch_all(&w.pool),
-        )
-        .expect("segments");
+    let rows = w.segment_rows(job);
     for (idx, state, attempts, kind, reason) in rows {
         if idx == 2 {
             assert_eq!((state.as_str(), kind.as_deref()), ("failed", Some("panic")));
