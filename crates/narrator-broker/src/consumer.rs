@@ -61,6 +61,19 @@ impl Ticket {
     }
 }
 
+/// A retry's per-message TTL in its tier, in milliseconds: 80 to 100 % of the tier's
+/// delay (`r` in 0..1). The tier queue's own TTL caps it; a message expires no earlier
+/// than its TTL, and at the latest when the tier's TTL runs out.
+pub(crate) fn jittered_expiration(after: std::time::Duration, r: f64) -> String {
+    let tier = crate::RETRY_TIERS
+        .iter()
+        .find(|t| **t >= after)
+        .copied()
+        .unwrap_or(crate::RETRY_TIERS[crate::RETRY_TIERS.len() - 1]);
+    let ms = tier.as_millis() as f64 * (0.8 + 0.2 * r.clamp(0.0, 1.0));
+    format!("{}", ms.round() as u64)
+}
+
 /// The attempts narrator charged a message before this delivery (`x-narrator-attempts`),
 /// without what the broker counted for consumers that went away.
 fn charged_before(properties: &BasicProperties) -> u32 {
@@ -486,17 +499,21 @@ impl Consumer {
                 decision @ (Decision::Retry { after } | Decision::Postpone { after }),
             ) => {
                 let tier = tier_label(after);
-                // A postponed delivery goes back with the attempts made before it: this
+                // A postponed delivery goes back with the attempts charged before it: this
                 // one is not charged.
                 let charged = match decision {
-                    Decision::Postpone { .. } => attempt.saturating_sub(1),
+                    Decision::Postpone { .. } => charged_before(&properties),
                     _ => attempt,
                 };
-                let props = properties.clone().with_headers(republish_headers(
-                    &properties,
-                    charged,
-                    (RETRY_TIER_HEADER, &tier),
-                ));
+                // Jitter: segments that failed together do not all come back together.
+                let props = properties
+                    .clone()
+                    .with_headers(republish_headers(
+                        &properties,
+                        charged,
+                        (RETRY_TIER_HEADER, &tier),
+                    ))
+                    .with_expiration(jittered_expiration(after, fastrand::f64()).into());
                 let published = self
                     .publisher
                     .publish_raw(RETRY_EXCHANGE, &queue, &body, props)
@@ -593,6 +610,17 @@ mod tests {
             h.insert((*k).into(), v.clone());
         }
         BasicProperties::default().with_headers(h)
+    }
+
+    #[test]
+    fn retry_expirations_spread_within_the_tier() {
+        let five = std::time::Duration::from_secs(5);
+        assert_eq!(jittered_expiration(five, 0.0), "4000");
+        assert_eq!(jittered_expiration(five, 1.0), "5000");
+        assert_eq!(
+            jittered_expiration(std::time::Duration::from_secs(31), 0.5),
+            "270000"
+        );
     }
 
     #[test]
