@@ -400,13 +400,7 @@ fn an_object_store_outage_while_synthesizing_charges_no_attempt_and_loses_nothin
         "logged once: {log}"
     );
     assert_eq!(log.matches("the service is back").count(), 1, "{log}");
-    let attempts: Vec<i32> =
-        w.rt.block_on(
-            sqlx::query_scalar("SELECT attempts FROM segments WHERE job_id = $1 ORDER BY idx")
-                .bind(job)
-                .fetch_all(&w.pool),
-        )
-        .expect("attempts");
+    let attempts: Vec<i32> = w.segment_rows(job).iter().map(|r| r.2).collect();
     assert!(
         attempts.iter().all(|&a| a == 1),
         "no attempt charged: {attempts:?}"
@@ -611,13 +605,7 @@ fn prefetched_deliveries_returned_by_a_clean_stop_are_not_charged() {
     w.worker("fast", &["--engine", "null"], &[]);
     w.wait_state(job, JobState::Done, Duration::from_secs(60));
     check_job(&w, job, false);
-    let attempts: Vec<i32> =
-        w.rt.block_on(
-            sqlx::query_scalar("SELECT attempts FROM segments WHERE job_id = $1 ORDER BY idx")
-                .bind(job)
-                .fetch_all(&w.pool),
-        )
-        .expect("attempts");
+    let attempts: Vec<i32> = w.segment_rows(job).iter().map(|r| r.2).collect();
     assert!(attempts.iter().all(|&a| a == 1), "{attempts:?}");
 }
 
