@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ops/setup.sh
+# The observability tests scrape a worker with a real Prometheus and check the alert
+# rules with promtool (both in Debian's `prometheus` package).
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null
+fi
 # narrator-db's tests need Postgres (each gets a fresh database from DATABASE_URL).
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 if ! pg_isready -q -h 127.0.0.1 -p 5432 && command -v pg_ctlcluster >/dev/null \

@@ -20,6 +20,9 @@ use narrator_s3::{S3AudioStore, S3Config};
 
 pub use narrator_db;
 
+pub mod otlp;
+pub mod prometheus;
+
 /// The voice every suite uses (shipped by `ops/setup.sh`).
 pub const VOICE: &str = "en_US-joe-medium";
 
@@ -371,9 +374,24 @@ impl World {
 
     /// `narrator submit BOOK --json EXTRA...`: the job id.
     pub fn submit(&self, book: &Path, extra: &[&str]) -> Uuid {
+        self.submit_with(book, extra, &[])
+    }
+
+    /// [`World::submit`] with `env` set (telemetry settings, say).
+    pub fn submit_with(&self, book: &Path, extra: &[&str], env: &[(&str, String)]) -> Uuid {
         let mut args = vec!["submit", book.to_str().expect("utf8"), "--json"];
         args.extend_from_slice(extra);
-        let out = self.ok(&args);
+        let out = self
+            .cmd()
+            .args(&args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .expect("spawn narrator");
+        assert!(
+            out.status.success(),
+            "narrator {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let line = String::from_utf8_lossy(&out.stdout).to_string();
         let v: serde_json::Value = serde_json::from_str(line.trim()).expect("submit JSON");
         v["job_id"].as_str().expect("job_id").parse().expect("uuid")

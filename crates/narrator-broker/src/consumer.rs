@@ -128,6 +128,23 @@ fn consumer_tag(voice: &str) -> String {
     )
 }
 
+fn str_header(headers: &FieldTable, name: &str) -> Option<String> {
+    match headers.inner().get(name)? {
+        AMQPValue::LongString(v) => Some(String::from_utf8_lossy(v.as_bytes()).into_owned()),
+        AMQPValue::ShortString(v) => Some(v.as_str().to_string()),
+        _ => None,
+    }
+}
+
+/// The W3C trace context a message carries in its headers.
+pub(crate) fn trace_of(properties: &BasicProperties) -> Option<narrator_core::TraceContext> {
+    let headers = properties.headers().as_ref()?;
+    Some(narrator_core::TraceContext {
+        traceparent: str_header(headers, crate::TRACEPARENT_HEADER)?,
+        tracestate: str_header(headers, crate::TRACESTATE_HEADER),
+    })
+}
+
 fn int_header(headers: &FieldTable, name: &str) -> Option<u64> {
     match headers.inner().get(name)? {
         AMQPValue::ShortShortUInt(v) => Some(u64::from(*v)),
@@ -307,6 +324,12 @@ impl Consumer {
                 lane: tag.0,
             },
         );
+        self.gauge_held(map.len());
+    }
+
+    fn gauge_held(&self, n: usize) {
+        metrics::gauge!(narrator_telemetry::metrics::IN_FLIGHT, "voice" => self.voice.clone())
+            .set(n as f64);
     }
 
     async fn reapply_qos(&self) -> Result<(), BrokerError> {
@@ -398,6 +421,7 @@ impl Consumer {
         };
         let attempt = attempt_of(&d.properties);
         let decoded = SegmentMessage::decode(&d.data);
+        let trace = trace_of(&d.properties);
         self.hold((lane, d.delivery_tag), &d.acker, &d.data, &d.properties);
         let ticket = Ticket {
             acker: d.acker,
@@ -430,6 +454,7 @@ impl Consumer {
                     enqueued_at_ms: Some(m.enqueued_at_ms),
                     lane,
                     alone: false,
+                    trace,
                     ticket,
                 });
                 Ok(Took::More)
@@ -462,10 +487,12 @@ impl Consumer {
             lane,
         } = ticket;
         let queue = lane_queue(&self.voice, lane);
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&tag);
+        {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.remove(&tag);
+            self.gauge_held(held.len());
+        }
+        count_decision(&self.voice, &action);
         let (op, sent) = match action {
             Action::Requeue => {
                 let opts = BasicNackOptions {
@@ -585,8 +612,26 @@ impl SegmentQueue for Consumer {
 
     async fn fail(&self, ticket: Ticket, failure: &Failure) -> Result<(), SeamError> {
         let decision = failure_decision(failure, ticket.attempt);
+        metrics::counter!(
+            narrator_telemetry::metrics::SEGMENTS_FAILED,
+            "voice" => self.voice.clone(),
+            "class" => failure.class.as_str(),
+        )
+        .increment(1);
         Ok(self.settle(ticket, decision).await?)
     }
+}
+
+/// Counts retries, postponements and dead letters by voice.
+fn count_decision(voice: &str, action: &Action) {
+    use narrator_telemetry::metrics as m;
+    let name = match action {
+        Action::Decided(Decision::Retry { .. }) => m::SEGMENTS_RETRIED,
+        Action::Decided(Decision::Postpone { .. }) => m::SEGMENTS_POSTPONED,
+        Action::Decided(Decision::DeadLetter { .. }) => m::SEGMENTS_DEAD_LETTERED,
+        _ => return,
+    };
+    metrics::counter!(name, "voice" => voice.to_string()).increment(1);
 }
 
 /// The decision for `failure` on `attempt` (its retry class decides), with the error's

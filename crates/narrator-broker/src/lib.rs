@@ -41,6 +41,10 @@ pub const ATTEMPTS_HEADER: &str = "x-narrator-attempts";
 pub const DEAD_REASON_HEADER: &str = "x-narrator-dead-reason";
 /// Header: the retry tier a message is routed to (`5s`, `30s`, `300s`).
 pub const RETRY_TIER_HEADER: &str = "x-narrator-retry-tier";
+/// W3C trace context: the trace and parent span of the job a segment belongs to.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// W3C trace context: vendor state.
+pub const TRACESTATE_HEADER: &str = "tracestate";
 
 /// How long [`connect`] waits for the broker before it gives up.
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -1,6 +1,6 @@
 //! The wire format of a segment message: JSON, versioned by a `v` field.
 
-use narrator_core::Segment;
+use narrator_core::{Segment, TraceContext};
 use serde::{Deserialize, Serialize};
 
 use crate::BrokerError;
@@ -25,6 +25,9 @@ pub struct SegmentMessage {
     pub cluster: Option<String>,
     /// Its priority lane ([`crate::lane_of`] the job's priority): picks the queue.
     pub lane: u8,
+    /// The job's trace, carried in the `traceparent` / `tracestate` headers (not in the
+    /// body).
+    pub trace: Option<TraceContext>,
 }
 
 #[derive(Serialize)]
@@ -71,7 +74,14 @@ impl SegmentMessage {
             enqueued_at_ms,
             cluster: None,
             lane: 0,
+            trace: None,
         }
+    }
+
+    /// The message carrying the trace `trace` (of its job), if any.
+    pub fn traced(mut self, trace: Option<&TraceContext>) -> Self {
+        self.trace = trace.cloned();
+        self
     }
 
     /// The message in priority lane `lane`.
@@ -117,6 +127,7 @@ impl SegmentMessage {
             enqueued_at_ms: w.enqueued_at_ms,
             cluster: w.cluster,
             lane: w.lane,
+            trace: None,
         })
     }
 }
@@ -139,6 +150,7 @@ mod tests {
             enqueued_at_ms: 42,
             cluster: Some("c1".into()),
             lane: 1,
+            trace: None,
         }
     }
 

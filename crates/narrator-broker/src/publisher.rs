@@ -6,13 +6,26 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection};
 
 use crate::{BrokerError, SegmentMessage, lane_queue, work_queue};
 
-/// Persistent JSON with the job id in a header (for operators reading the queue).
+/// Persistent JSON with the job id in a header (for operators reading the queue) and the
+/// job's W3C trace context in `traceparent` / `tracestate`.
 fn segment_properties(message: &SegmentMessage) -> BasicProperties {
     let mut headers = FieldTable::default();
     headers.insert(
         "x-narrator-job".into(),
         AMQPValue::LongString(LongString::from(message.job_id.as_str())),
     );
+    if let Some(trace) = &message.trace {
+        headers.insert(
+            crate::TRACEPARENT_HEADER.into(),
+            AMQPValue::LongString(LongString::from(trace.traceparent.as_str())),
+        );
+        if let Some(state) = &trace.tracestate {
+            headers.insert(
+                crate::TRACESTATE_HEADER.into(),
+                AMQPValue::LongString(LongString::from(state.as_str())),
+            );
+        }
+    }
     BasicProperties::default()
         .with_content_type("application/json".into())
         .with_delivery_mode(2)

@@ -14,7 +14,9 @@ pub mod manifest;
 pub mod seams;
 
 pub use manifest::{BookEntry, ChapterEntry, Manifest, SegmentEntry};
-pub use seams::{AudioStore, Delivery, Failure, RetryClass, SeamError, SegmentQueue, StateStore};
+pub use seams::{
+    AudioStore, Delivery, Failure, RetryClass, SeamError, SegmentQueue, StateStore, TraceContext,
+};
 
 use serde::{Deserialize, Serialize};
 

@@ -212,8 +212,21 @@ pub struct Delivery<T> {
     pub lane: u8,
     /// Run it in a batch of its own: it was in the engine when a worker process died.
     pub alone: bool,
+    /// The trace its work belongs to (the job's, carried in the message headers), when
+    /// the producer traced it.
+    pub trace: Option<TraceContext>,
     /// Acknowledgement handle.
     pub ticket: T,
+}
+
+/// W3C trace context (<https://www.w3.org/TR/trace-context/>): the `traceparent` and
+/// `tracestate` headers that tie work done elsewhere to the trace that started it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    /// `version-traceid-parentid-flags`.
+    pub traceparent: String,
+    /// Vendor state, if any.
+    pub tracestate: Option<String>,
 }
 
 /// Where segments come from. Delivery is at least once: a segment is delivered again

@@ -391,6 +391,39 @@ pub async fn job_route(exec: impl PgExecutor<'_>, job: Uuid) -> Result<(String, 
         .ok_or(DbError::JobNotFound(job))
 }
 
+/// Records the trace `narrator submit` started for `job`.
+pub async fn set_job_trace(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+    trace: &narrator_core::TraceContext,
+) -> Result<(), DbError> {
+    sqlx::query("UPDATE jobs SET traceparent = $2, tracestate = $3 WHERE id = $1")
+        .bind(job)
+        .bind(&trace.traceparent)
+        .bind(&trace.tracestate)
+        .execute(exec)
+        .await?;
+    Ok(())
+}
+
+/// The trace `job` belongs to, if it was submitted with tracing on.
+pub async fn job_trace(
+    exec: impl PgExecutor<'_>,
+    job: Uuid,
+) -> Result<Option<narrator_core::TraceContext>, DbError> {
+    let row: Option<(Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT traceparent, tracestate FROM jobs WHERE id = $1")
+            .bind(job)
+            .fetch_optional(exec)
+            .await?;
+    Ok(row.and_then(|(traceparent, tracestate)| {
+        Some(narrator_core::TraceContext {
+            traceparent: traceparent?,
+            tracestate,
+        })
+    }))
+}
+
 /// Loads a job's plan, format and settings.
 pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
     let row = sqlx::query(
@@ -678,4 +711,53 @@ pub async fn abandoned_jobs(
     rows.iter()
         .map(|r| r.try_get::<Uuid, _>("id").map_err(DbError::from))
         .collect()
+}
+
+/// Cluster-wide job figures of one voice, for the workers' gauges.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VoiceGauges {
+    /// The voice.
+    pub voice: String,
+    /// Jobs by state.
+    pub by_state: Vec<(String, i64)>,
+    /// Age of the oldest unfinished job (queued, running, assembling), seconds; 0 when none.
+    pub oldest_unfinished_seconds: f64,
+    /// Unfinished jobs without progress for longer than the lease.
+    pub stalled: i64,
+}
+
+/// Jobs by voice and state, the oldest unfinished job's age and the jobs without
+/// progress for `lease` (one statement over the jobs table).
+pub async fn voice_gauges(
+    exec: impl PgExecutor<'_>,
+    lease: std::time::Duration,
+) -> Result<Vec<VoiceGauges>, DbError> {
+    let rows: Vec<(String, String, i64, Option<f64>, i64)> = sqlx::query_as(
+        "SELECT voice, state, count(*), \
+         max(extract(epoch FROM now() - created_at)::float8) \
+           FILTER (WHERE state IN ('queued', 'running', 'assembling')), \
+         count(*) FILTER (WHERE state IN ('queued', 'running') \
+           AND coalesce(progress_at, created_at) < now() - make_interval(secs => $1)) \
+         FROM jobs GROUP BY voice, state ORDER BY voice, state",
+    )
+    .bind(lease.as_secs_f64())
+    .fetch_all(exec)
+    .await?;
+    let mut out: Vec<VoiceGauges> = Vec::new();
+    for (voice, state, n, oldest, stalled) in rows {
+        if out.last().is_none_or(|g| g.voice != voice) {
+            out.push(VoiceGauges {
+                voice,
+                by_state: Vec::new(),
+                oldest_unfinished_seconds: 0.0,
+                stalled: 0,
+            });
+        }
+        if let Some(g) = out.last_mut() {
+            g.by_state.push((state, n));
+            g.oldest_unfinished_seconds = g.oldest_unfinished_seconds.max(oldest.unwrap_or(0.0));
+            g.stalled += stalled;
+        }
+    }
+    Ok(out)
 }

@@ -864,6 +864,7 @@ mod tests {
             persistence_mode: Some(true),
             clocks: GpuClocks::default(),
             throttle_reasons: vec!["gpu_idle".into()],
+            utilization_percent: Some(0),
             pcie_generation: Some(5),
             pcie_max_generation: Some(5),
             pcie_width: Some(16),

@@ -13,4 +13,6 @@ pub mod profile;
 
 pub use doctor::{Finding, RuntimeFacts, Severity, diagnose};
 pub use plan::{Calibration, CalibrationPoint, DeviceSpec, LayoutPoint, Plan, PlanLimits, plan};
-pub use profile::{CpuInfo, GpuInfo, HardwareProfile, MemoryInfo, probe};
+pub use profile::{
+    CpuInfo, GpuInfo, HardwareProfile, MemoryInfo, THROTTLE_REASONS, probe, sample_gpus,
+};

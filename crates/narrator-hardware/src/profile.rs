@@ -184,6 +184,9 @@ pub struct GpuInfo {
     /// Active throttle reasons (clock event reasons), e.g. "gpu_idle", "sw_power_cap",
     /// "hw_thermal_slowdown"; empty when the clocks are not held back.
     pub throttle_reasons: Vec<String>,
+    /// Share of NVML's last sample period a kernel ran, percent.
+    #[serde(default)]
+    pub utilization_percent: Option<u32>,
     /// Current PCIe link generation.
     pub pcie_generation: Option<u32>,
     /// Maximum PCIe link generation of the GPU and system.
@@ -711,6 +714,14 @@ fn nvml_unavailable_reason(error: &NvmlError) -> String {
     }
 }
 
+/// The GPUs NVML sees now (memory, utilisation, temperature, power, clocks, throttle
+/// reasons), for live metrics; empty without NVML or a GPU. Blocking (NVML calls): run it
+/// off the async runtime's threads.
+pub fn sample_gpus() -> Vec<GpuInfo> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    probe_gpus(cores).0
+}
+
 /// Probes the GPUs NVML sees. `logical_cores` sizes the CPU affinity mask.
 fn probe_gpus(logical_cores: usize) -> (Vec<GpuInfo>, GpuProbe) {
     let nvml = match Nvml::init() {
@@ -843,6 +854,7 @@ fn gpu_info(
             .current_throttle_reasons()
             .map(throttle_reason_names)
             .unwrap_or_default(),
+        utilization_percent: device.utilization_rates().ok().map(|u| u.gpu),
         pcie_generation: device.current_pcie_link_gen().ok(),
         pcie_max_generation: device.max_pcie_link_gen().ok(),
         pcie_width: device.current_pcie_link_width().ok(),
@@ -887,6 +899,19 @@ fn gpu_cpu_affinity(_device: &nvml_wrapper::Device<'_>, _logical_cores: usize) -
 }
 
 /// Names of the active throttle reasons.
+/// Every clock throttle reason narrator names (see `GpuInfo::throttle_reasons`).
+pub const THROTTLE_REASONS: &[&str] = &[
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "display_clock_setting",
+];
+
 fn throttle_reason_names(reasons: ThrottleReasons) -> Vec<String> {
     const NAMES: &[(ThrottleReasons, &str)] = &[
         (ThrottleReasons::GPU_IDLE, "gpu_idle"),
@@ -913,6 +938,13 @@ fn throttle_reason_names(reasons: ThrottleReasons) -> Vec<String> {
         .filter(|(flag, _)| !flag.is_empty() && reasons.contains(*flag))
         .map(|(_, name)| (*name).to_owned())
         .collect()
+}
+
+#[cfg(test)]
+#[test]
+fn every_throttle_reason_is_named_in_the_list() {
+    let all = throttle_reason_names(ThrottleReasons::all());
+    assert_eq!(all, THROTTLE_REASONS);
 }
 
 #[cfg(test)]
@@ -1140,6 +1172,7 @@ mod tests {
             persistence_mode: None,
             clocks: GpuClocks::default(),
             throttle_reasons: Vec::new(),
+            utilization_percent: None,
             pcie_generation: None,
             pcie_max_generation: None,
             pcie_width: None,

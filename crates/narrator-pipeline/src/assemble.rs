@@ -24,6 +24,7 @@ use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 use narrator_core::{PackedAt, SeamError, SegmentAudio};
 use tokio::task::{JoinHandle, JoinSet};
+use tracing::{Instrument, info_span};
 
 use crate::PipelineError;
 
@@ -216,6 +217,11 @@ impl<A: AudioStore + 'static> ReadAhead<A> {
             return fetch;
         }
         let (store, job, k) = (self.store.clone(), self.job.clone(), key.to_owned());
+        let span = info_span!(
+            "fetch",
+            otel.name = "GET segment pack",
+            otel.kind = "client"
+        );
         let fetch = async move {
             store
                 .get_pack(&job, &k)
@@ -223,6 +229,7 @@ impl<A: AudioStore + 'static> ReadAhead<A> {
                 .map(Arc::new)
                 .map_err(Arc::new)
         }
+        .instrument(span)
         .boxed()
         .shared();
         let left = self.per_pack.get(key).copied().unwrap_or(1);
@@ -380,34 +387,44 @@ pub async fn assemble<A: AudioStore + 'static>(
         spec.title = Some(ch.title.clone());
         spec.artist = book_spec.artist.clone();
         let path = opts.staging.join(&cl.file);
-        let mut chapter = encoder(&path, &spec)?;
+        let encode = info_span!(
+            "encode chapter",
+            narrator.chapter = ci,
+            narrator.segments = ch.segment_count
+        );
+        let mut chapter = encode.in_scope(|| encoder(&path, &spec))?;
         let first = ch.first_segment;
         let end = first + ch.segment_count;
-        for i in first..end {
-            let waited = Instant::now();
-            let audio = audio_in_order.next().await?;
-            read_wait += waited.elapsed();
-            let expected = records.get(i as usize).map_or(0, |r| r.samples);
-            if audio.samples.len() as u64 != expected {
-                return Err(PipelineError::Corrupt {
-                    index: i,
-                    reason: format!(
-                        "{} samples stored, {expected} recorded",
-                        audio.samples.len()
-                    ),
-                });
+        async {
+            for i in first..end {
+                let waited = Instant::now();
+                let audio = audio_in_order.next().await?;
+                read_wait += waited.elapsed();
+                let expected = records.get(i as usize).map_or(0, |r| r.samples);
+                if audio.samples.len() as u64 != expected {
+                    return Err(PipelineError::Corrupt {
+                        index: i,
+                        reason: format!(
+                            "{} samples stored, {expected} recorded",
+                            audio.samples.len()
+                        ),
+                    });
+                }
+                chapter.write(&audio.samples)?;
+                book.write(&audio.samples)?;
+                if i + 1 != end {
+                    let gap = opts
+                        .pauses
+                        .samples(plan.segments[i as usize].pause_after, rate);
+                    chapter.write_silence(gap)?;
+                    book.write_silence(gap)?;
+                }
             }
-            chapter.write(&audio.samples)?;
-            book.write(&audio.samples)?;
-            if i + 1 != end {
-                let gap = opts
-                    .pauses
-                    .samples(plan.segments[i as usize].pause_after, rate);
-                chapter.write_silence(gap)?;
-                book.write_silence(gap)?;
-            }
+            chapter.finish()?;
+            Ok::<_, PipelineError>(())
         }
-        chapter.finish()?;
+        .instrument(encode)
+        .await?;
         // The chapter goes up while the next one is encoded (at most UPLOADS at once).
         if uploads.len() >= UPLOADS {
             let waiting = Instant::now();
@@ -417,13 +434,19 @@ pub async fn assemble<A: AudioStore + 'static>(
             upload_wait += waiting.elapsed();
         }
         let (store, job, name) = (store.clone(), plan.job_id.clone(), cl.file.clone());
-        uploads.spawn(async move { store.put_output(&job, &name, &path).await });
+        let upload =
+            info_span!("upload", otel.name = %format!("PUT output {name}"), otel.kind = "client");
+        uploads.spawn(async move { store.put_output(&job, &name, &path).await }.instrument(upload));
     }
     book.finish()?;
     let waiting = Instant::now();
     {
         let (store, job, name) = (store.clone(), plan.job_id.clone(), lay.book_file.clone());
-        uploads.spawn(async move { store.put_output(&job, &name, &book_path).await });
+        let upload =
+            info_span!("upload", otel.name = %format!("PUT output {name}"), otel.kind = "client");
+        uploads.spawn(
+            async move { store.put_output(&job, &name, &book_path).await }.instrument(upload),
+        );
     }
     // Every output is up before the manifest that lists them (an error ends the assembly;
     // dropping the set cancels the other uploads).

@@ -12,8 +12,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use narrator_core::{AudioStore, SeamError, SegmentRecord, StateStore};
+use narrator_telemetry::metrics as m;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
+use tracing::{Instrument, info_span};
 
 use crate::PipelineError;
 use crate::runner::Stages;
@@ -173,7 +175,21 @@ async fn write_group<A: AudioStore, S: StateStore>(
         .iter()
         .map(|t| (t.synthesized.prepared.segment.index, &t.synthesized.audio))
         .collect();
-    let places = stages.store.put_segments(job, &audio).await?;
+    // The group belongs to one job: its spans join that job's trace (under the first
+    // segment's span).
+    let parent = items
+        .first()
+        .map_or_else(tracing::Span::none, |t| t.synthesized.prepared.span.clone());
+    let started = std::time::Instant::now();
+    let places = stages
+        .store
+        .put_segments(job, &audio)
+        .instrument(
+            info_span!(parent: &parent, "store", otel.name = "PUT segment pack",
+            otel.kind = "client", narrator.segments = audio.len()),
+        )
+        .await?;
+    metrics::histogram!(m::STORE_SECONDS).record(started.elapsed().as_secs_f64());
     let records: Vec<SegmentRecord> = items
         .iter()
         .zip(places)
@@ -198,7 +214,17 @@ async fn write_group<A: AudioStore, S: StateStore>(
             }
         })
         .collect();
-    let recorded = stages.state.record_segments(job, &records).await?;
+    let started = std::time::Instant::now();
+    let recorded = stages
+        .state
+        .record_segments(job, &records)
+        .instrument(
+            info_span!(parent: &parent, "record", otel.name = "INSERT segment figures",
+            otel.kind = "client", db.system.name = "postgresql", db.operation.name = "INSERT",
+            narrator.segments = records.len()),
+        )
+        .await?;
+    metrics::histogram!(m::RECORD_SECONDS).record(started.elapsed().as_secs_f64());
     // Objects this call stored that no record points at: every segment in them was
     // recorded first by another copy (a duplicate delivery). Delete them; the records
     // point at the winner's audio, so stored audio and figures always agree.

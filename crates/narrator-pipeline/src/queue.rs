@@ -115,6 +115,7 @@ impl SegmentQueue for InProcessQueue {
                         enqueued_at_ms: None,
                         lane: 0,
                         alone: false,
+                        trace: None,
                         ticket: Ticket(item),
                     }));
                 }

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use futures_util::{StreamExt, stream};
 use narrator_core::{
@@ -21,6 +21,7 @@ use narrator_core::{
 };
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
+use tracing::{Instrument, info_span};
 
 use crate::PipelineError;
 use crate::batcher::LaneBatcher;
@@ -73,6 +74,8 @@ pub struct RunOptions {
     /// Most segments of one job stored together (one pack object, one database
     /// statement); 1 stores and records each segment on its own.
     pub pack_max: usize,
+    /// The voice, as a metric label (empty: none).
+    pub voice: String,
 }
 
 /// Default for [`RunOptions::pack_max`].
@@ -88,6 +91,7 @@ impl RunOptions {
             stop: None,
             recheck_after: std::time::Duration::ZERO,
             pack_max: PACK_MAX,
+            voice: String::new(),
         }
     }
 }
@@ -188,7 +192,7 @@ enum Failed<T> {
     /// Stops the worker loop.
     Fatal(PipelineError),
     /// Concerns this delivery only (isolating mode).
-    Segment(Delivery<T>, Box<PipelineError>),
+    Segment(Box<Delivery<T>>, Box<PipelineError>),
 }
 
 fn unix_ms() -> u64 {
@@ -222,6 +226,45 @@ async fn synthesize_caught(
     }
 }
 
+/// The span of one delivered segment, in its job's trace (a consumer span, as the
+/// OpenTelemetry messaging conventions say): open from delivery to acknowledgement. The
+/// time it waited in the queue is recorded as a child span.
+fn segment_span<T>(d: &Delivery<T>, voice: &str) -> tracing::Span {
+    let span = info_span!(parent: None, "segment", otel.name = "process segment", otel.kind = "consumer",
+        otel.status_code = tracing::field::Empty,
+        messaging.system = "rabbitmq", messaging.operation.type = "process",
+        messaging.destination.name = %format!("narrator.segments.{voice}"),
+        narrator.job_id = %d.job_id, narrator.segment = d.segment.index,
+        narrator.chapter = d.segment.chapter, narrator.attempt = d.attempt);
+    if let Some(trace) = &d.trace {
+        narrator_telemetry::propagate::set_parent(&span, trace);
+        if let Some(at) = d.enqueued_at_ms {
+            let enqueued = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(at);
+            narrator_telemetry::propagate::record_interval(
+                &span,
+                "queue wait",
+                (enqueued, SystemTime::now()),
+            );
+        }
+    }
+    span
+}
+
+/// Counts a segment done: its audio, its queue wait and its latency (enqueue to ack).
+fn count_done(voice: &str, record: &SegmentRecord, enqueued_at_ms: Option<u64>) {
+    use narrator_telemetry::metrics as m;
+    let voice = voice.to_string();
+    metrics::counter!(m::SEGMENTS_DONE, "voice" => voice.clone()).increment(1);
+    metrics::histogram!(m::SEGMENT_AUDIO_SECONDS, "voice" => voice.clone())
+        .record(record.audio_seconds);
+    metrics::histogram!(m::QUEUE_WAIT_SECONDS, "voice" => voice.clone())
+        .record(record.queue_wait_seconds);
+    if let Some(at) = enqueued_at_ms {
+        let latency = unix_ms().saturating_sub(at) as f64 / 1000.0;
+        metrics::histogram!(m::SEGMENT_LATENCY_SECONDS, "voice" => voice).record(latency);
+    }
+}
+
 /// Synthesizes one batch, stores and records each segment, then acknowledges it.
 async fn run_batch<Q, A, S>(
     batch: Vec<Ready<Q::Ticket>>,
@@ -229,7 +272,7 @@ async fn run_batch<Q, A, S>(
     stages: &Stages<A, S>,
     queue: &Q,
     storer: &Storer,
-    isolate: bool,
+    (isolate, voice): (bool, &str),
 ) -> Result<Vec<SegmentRecord>, PipelineError>
 where
     Q: SegmentQueue,
@@ -238,6 +281,21 @@ where
 {
     let started_ms = unix_ms();
     let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+    // A batch holds segments of several jobs: its span is a root that links to each.
+    let batch_span = info_span!(parent: None, "batch", otel.name = "synthesize batch",
+        narrator.segments = prepared.len(),
+        narrator.utterances = prepared.iter().map(|p| p.utterances.len()).sum::<usize>());
+    let now = (Instant::now(), SystemTime::now());
+    for p in &prepared {
+        narrator_telemetry::propagate::link(&batch_span, &p.span);
+        let formed_from = now.1 - now.0.saturating_duration_since(p.queued_at);
+        narrator_telemetry::propagate::record_interval(
+            &p.span,
+            "batch formation",
+            (formed_from, now.1),
+        );
+    }
+    let segment_spans: Vec<tracing::Span> = prepared.iter().map(|p| p.span.clone()).collect();
     let keys: Vec<(String, u32)> = deliveries
         .iter()
         .map(|d| (d.job_id.clone(), d.segment.index))
@@ -246,7 +304,10 @@ where
         tracing::debug!(error = %e, "cannot mark the batch as in the engine; going on");
     }
     let backup = (isolate && prepared.len() > 1).then(|| prepared.clone());
-    let done = match synthesize_caught(&stages.synth, prepared).await {
+    let done = match synthesize_caught(&stages.synth, prepared)
+        .instrument(batch_span.clone())
+        .await
+    {
         Ok(d) => d
             .into_iter()
             .zip(deliveries)
@@ -276,7 +337,9 @@ where
                 // Find the segment(s) at fault: each alone.
                 let mut each = Vec::with_capacity(deliveries.len());
                 for (p, d) in prepared.into_iter().zip(deliveries) {
-                    let r = synthesize_caught(&stages.synth, vec![p]).await;
+                    let r = synthesize_caught(&stages.synth, vec![p])
+                        .instrument(info_span!(parent: &batch_span, "isolate"))
+                        .await;
                     each.push((r.map(|mut v| v.remove(0)), d));
                 }
                 each
@@ -308,9 +371,15 @@ where
             Err(e) => settle.push((Some(e), d)),
         }
     }
-    let mut stored = storer.store(to_store).await.into_iter();
+    let mut stored = storer
+        .store(to_store)
+        .instrument(info_span!(parent: &batch_span, "store and record"))
+        .await
+        .into_iter();
     let mut records = Vec::with_capacity(settle.len());
-    for (failed, d) in settle {
+    let acks = info_span!(parent: &batch_span, "ack", otel.kind = "consumer",
+        messaging.system = "rabbitmq", messaging.operation.type = "settle");
+    for ((failed, d), segment) in settle.into_iter().zip(segment_spans) {
         let outcome = match failed {
             Some(e) => Err(e),
             None => stored
@@ -319,15 +388,21 @@ where
         };
         match outcome {
             Ok(record) => {
-                queue.ack(d.ticket).await?;
+                let enqueued_at_ms = d.enqueued_at_ms;
+                queue.ack(d.ticket).instrument(acks.clone()).await?;
+                count_done(voice, &record, enqueued_at_ms);
                 (stages.on_event)(Event::SegmentDone {
                     record: record.clone(),
                 });
                 records.push(record);
             }
             Err(e) if isolate => {
-                tracing::warn!(job = %d.job_id, segment = d.segment.index, attempt = d.attempt, error = %e, "segment failed");
-                queue.fail(d.ticket, &e.failure()).await?;
+                segment.record("otel.status_code", "ERROR");
+                segment.in_scope(|| tracing::warn!(job = %d.job_id, segment = d.segment.index, attempt = d.attempt, error = %e, "segment failed"));
+                queue
+                    .fail(d.ticket, &e.failure())
+                    .instrument(acks.clone())
+                    .await?;
             }
             Err(e) => {
                 let _ = queue.requeue(d.ticket).await;
@@ -378,46 +453,59 @@ where
     let (tx, mut rx) = mpsc::channel::<Result<Ready<Q::Ticket>, Failed<Q::Ticket>>>(64);
     let (pq, ps) = (queue.clone(), synth.clone());
     let isolate = opts.isolate_failures;
-    let prep =
-        tokio::spawn(async move {
-            // Pull deliveries in order; what has arrived together (up to PREP_CHUNK) is
-            // phonemized in one blocking task (espeak-ng runs one text at a time anyway, so
-            // this saves a thread hop per segment), and up to PREP_AHEAD such tasks overlap
-            // the queue's round trips.
-            let deliveries = stream::unfold(pq, |q| async move {
-                match q.next().await {
-                    Ok(Some(d)) => Some((Ok(d), q)),
-                    Ok(None) => None,
-                    Err(e) => Some((Err(e), q)),
-                }
-            });
-            let prepared = deliveries
+    let voice = opts.voice.clone();
+    let prep = tokio::spawn(async move {
+        // Pull deliveries in order; what has arrived together (up to PREP_CHUNK) is
+        // phonemized in one blocking task (espeak-ng runs one text at a time anyway, so
+        // this saves a thread hop per segment), and up to PREP_AHEAD such tasks overlap
+        // the queue's round trips.
+        let deliveries = stream::unfold(pq, |q| async move {
+            match q.next().await {
+                Ok(Some(d)) => Some((Ok(d), q)),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), q)),
+            }
+        });
+        let prepared = deliveries
             .ready_chunks(PREP_CHUNK)
             .map(move |chunk| {
                 let ps = ps.clone();
+                let voice = voice.clone();
                 async move {
                     let n = chunk.len();
-                    let prepare_all = move || {
-                        chunk
-                            .into_iter()
-                            .map(|r| {
-                                let d = r.map_err(|e| Failed::Fatal(e.into()))?;
-                                let segment = d.segment.clone();
-                                // A panic while phonemizing fails this segment only.
-                                let prepared = std::panic::catch_unwind(
-                                    std::panic::AssertUnwindSafe(|| ps.prepare(segment)),
-                                )
-                                .unwrap_or_else(|_| {
-                                    Err(PipelineError::Panicked("phonemizing the segment".into()))
-                                });
-                                match prepared {
-                                    Ok(p) => Ok((p, d)),
-                                    Err(e) if isolate => Err(Failed::Segment(d, Box::new(e))),
-                                    Err(e) => Err(Failed::Fatal(e)),
-                                }
-                            })
-                            .collect::<Vec<_>>()
-                    };
+                    let prepare_all =
+                        move || {
+                            chunk
+                                .into_iter()
+                                .map(|r| {
+                                    let d = r.map_err(|e| Failed::Fatal(e.into()))?;
+                                    let segment = d.segment.clone();
+                                    let span = segment_span(&d, &voice);
+                                    // A panic while phonemizing fails this segment only.
+                                    let prepared =
+                                        info_span!(parent: &span, "phonemize").in_scope(|| {
+                                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                                                || ps.prepare(segment),
+                                            ))
+                                            .unwrap_or_else(|_| {
+                                                Err(PipelineError::Panicked(
+                                                    "phonemizing the segment".into(),
+                                                ))
+                                            })
+                                        });
+                                    match prepared {
+                                        Ok(mut p) => {
+                                            p.span = span;
+                                            Ok((p, d))
+                                        }
+                                        Err(e) if isolate => {
+                                            Err(Failed::Segment(Box::new(d), Box::new(e)))
+                                        }
+                                        Err(e) => Err(Failed::Fatal(e)),
+                                    }
+                                })
+                                .collect::<Vec<_>>()
+                        };
                     match tokio::task::spawn_blocking(prepare_all).await {
                         Ok(items) => items,
                         // The chunk's deliveries went down with the task: unacknowledged,
@@ -431,14 +519,14 @@ where
             })
             .buffered(PREP_AHEAD)
             .flat_map(stream::iter);
-            let mut prepared = std::pin::pin!(prepared);
-            while let Some(item) = prepared.next().await {
-                let stop = matches!(item, Err(Failed::Fatal(_)));
-                if tx.send(item).await.is_err() || stop {
-                    break;
-                }
+        let mut prepared = std::pin::pin!(prepared);
+        while let Some(item) = prepared.next().await {
+            let stop = matches!(item, Err(Failed::Fatal(_)));
+            if tx.send(item).await.is_err() || stop {
+                break;
             }
-        });
+        }
+    });
 
     let slots = Arc::new(Semaphore::new(opts.in_flight.max(1)));
     let storer = Storer::spawn(stages.clone(), opts.worker.clone(), opts.pack_max);
@@ -571,9 +659,10 @@ where
         let stages = stages.clone();
         let queue = queue.clone();
         let storer = storer.clone();
-        tasks.spawn(
-            async move { run_batch(batch, permit, &stages, &*queue, &storer, isolate).await },
-        );
+        let voice = opts.voice.clone();
+        tasks.spawn(async move {
+            run_batch(batch, permit, &stages, &*queue, &storer, (isolate, &voice)).await
+        });
         // Reap finished batches as we go so an error stops the job early.
         while let Some(done) = tasks.try_join_next() {
             match done {

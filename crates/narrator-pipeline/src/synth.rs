@@ -1,8 +1,10 @@
 //! Segment text to segment audio: phonemize (espeak-ng, on a blocking thread), cap each
 //! utterance's length, map to ids, run batches on the engine pool, normalize like Piper.
 
+use narrator_telemetry::metrics as m;
 use std::sync::Arc;
 use std::time::Instant;
+use tracing::Instrument;
 
 use narrator_core::{Segment, SegmentAudio};
 use std::sync::{Mutex, RwLock};
@@ -28,6 +30,9 @@ pub struct Prepared {
     pub unknown: Vec<String>,
     /// When it was queued (for queue-wait figures).
     pub queued_at: Instant,
+    /// The segment's span (in its job's trace), open until it is acknowledged; none
+    /// until the runner sets it.
+    pub span: tracing::Span,
 }
 
 impl Prepared {
@@ -260,6 +265,7 @@ impl Synthesizer {
             utterances,
             unknown,
             queued_at: Instant::now(),
+            span: tracing::Span::none(),
         })
     }
 
@@ -296,6 +302,7 @@ impl Synthesizer {
                     detail,
                 }) => {
                     failures += 1;
+                    metrics::counter!(m::OOM_EVENTS, "device" => device.to_string()).increment(1);
                     let what = format!("{n} items, {tokens} padded tokens on {device}: {detail}");
                     self.note(|s| {
                         s.oom_events += 1;
@@ -380,13 +387,26 @@ impl Synthesizer {
         budget: Budget,
     ) -> Result<(Vec<Vec<f32>>, f64, usize), EngineError> {
         let pool = self.pool();
+        let device = pool.device().to_string();
         let lens: Vec<usize> = items.iter().map(|i| i.len()).collect();
         let mut waves: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
         let mut inference_seconds = 0.0;
         let mut largest = 0;
         for run in engine_runs(&lens, &budget) {
             let ids = run.iter().map(|&i| items[i].to_vec()).collect();
-            let out = pool.synthesize(ids, self.scales).await?;
+            let tokens: usize = run.iter().map(|&i| lens[i]).sum();
+            let padded = run.iter().map(|&i| lens[i]).max().unwrap_or(0) * run.len();
+            let span = tracing::info_span!("engine run", narrator.device = %device,
+                narrator.batch_size = run.len(), narrator.tokens = tokens, narrator.padded_tokens = padded);
+            let out = pool.synthesize(ids, self.scales).instrument(span).await?;
+            let class = m::size_class(run.len());
+            metrics::histogram!(m::ENGINE_RUN_SECONDS, "device" => device.clone(), "batch" => class)
+                .record(out.inference_seconds);
+            metrics::histogram!(m::BATCH_SIZE, "device" => device.clone()).record(run.len() as f64);
+            if padded > 0 {
+                let padding = 1.0 - tokens as f64 / padded as f64;
+                metrics::histogram!(m::BATCH_PADDING, "device" => device.clone()).record(padding);
+            }
             inference_seconds += out.inference_seconds;
             self.note(|s| s.runs += 1);
             largest = largest.max(run.len());
@@ -411,6 +431,8 @@ impl Synthesizer {
             pool.device()
         );
         tracing::error!("{reason}");
+        metrics::counter!(m::CPU_FALLBACKS, "device" => self.pool().device().to_string())
+            .increment(1);
         let old = std::mem::replace(
             &mut *self.pool.write().unwrap_or_else(|e| e.into_inner()),
             Arc::new(pool),

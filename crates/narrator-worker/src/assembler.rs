@@ -14,6 +14,7 @@ use narrator_db::{Output, PgPool, Uuid};
 use narrator_pipeline::{AssembleOptions, assemble};
 use narrator_s3::S3AudioStore;
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 
 /// Transient assembly failures tolerated before the job fails (outages of a service do
 /// not count: they are retried until the service is back).
@@ -271,10 +272,31 @@ pub(crate) async fn assembler(
             }
         };
         for job in jobs {
-            tracing::info!(%job, "assembling");
-            if let Err(failure) = assemble_job(&a, job).await {
-                settle_failure(&a, job, failure, &mut stop).await;
+            // The assembly joins the trace its job's `submit` started.
+            let span = tracing::info_span!(parent: None, "assemble", narrator.job_id = %job,
+                narrator.worker = %a.worker, otel.status_code = tracing::field::Empty);
+            if let Ok(Some(trace)) = narrator_db::job_trace(&a.pool, job).await {
+                narrator_telemetry::propagate::set_parent(&span, &trace);
             }
+            span.in_scope(|| tracing::info!(%job, "assembling"));
+            let started = std::time::Instant::now();
+            let outcome = match assemble_job(&a, job).instrument(span.clone()).await {
+                Ok(()) => "done",
+                Err(failure) => {
+                    span.record("otel.status_code", "ERROR");
+                    let outcome = if failure.class == RetryClass::Permanent {
+                        "failed"
+                    } else {
+                        "postponed"
+                    };
+                    settle_failure(&a, job, failure, &mut stop)
+                        .instrument(span)
+                        .await;
+                    outcome
+                }
+            };
+            metrics::histogram!(narrator_telemetry::metrics::ASSEMBLY_SECONDS, "outcome" => outcome)
+                .record(started.elapsed().as_secs_f64());
         }
     }
 }

@@ -214,6 +214,7 @@ impl GuardedQueue {
                         // In the engine when a process died: alone from now on, so it
                         // cannot take others down with it.
                         alone: history.engine_crashes > 0,
+                        trace: d.trace,
                         ticket,
                     }),
                     other => {

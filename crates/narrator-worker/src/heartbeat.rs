@@ -103,14 +103,20 @@ pub(crate) async fn heartbeat(
     pool: PgPool,
     describe: Arc<Describe>,
     done: Arc<AtomicU64>,
-    every: Duration,
+    (every, health): (Duration, Arc<narrator_telemetry::serve::Health>),
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(every);
     let mut failing = false;
     loop {
         let info = describe.info();
-        match narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await {
+        let beat = narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await;
+        health.tick("heartbeat");
+        match &beat {
+            Ok(()) => health.set("database", true, "reachable"),
+            Err(e) => health.set("database", false, format!("heartbeat failed: {e}")),
+        }
+        match beat {
             // Once per outage, not once per beat.
             Err(e) if !failing => {
                 tracing::warn!(error = %e, "heartbeat failed; retrying every beat");

@@ -20,6 +20,7 @@
 //! outage of a service is postponed without charging the segment an attempt.
 
 pub mod assembler;
+pub mod gauges;
 pub mod guard;
 pub mod heartbeat;
 pub mod outage;
@@ -36,6 +37,7 @@ use narrator_broker::{BrokerError, Consumer, Publisher};
 use narrator_db::{DbError, PgPool, Uuid};
 use narrator_pipeline::{Event, RunOptions, Stages, Synthesizer, work};
 use narrator_s3::S3AudioStore;
+use narrator_telemetry::serve::Health;
 use tokio::sync::{mpsc, watch};
 
 pub use publish::publish_segments;
@@ -89,6 +91,12 @@ pub struct WorkerConfig {
     /// How long the broker connection may stay down (lapin reconnecting) before the
     /// worker gives up and fails, for its supervisor to restart it.
     pub broker_timeout: Duration,
+    /// Liveness and readiness for `/healthz` and `/readyz`: the worker keeps the
+    /// `broker` and `database` checks and the `heartbeat` and `broker watch` loops (the
+    /// caller sets `engines` once they are warm).
+    pub health: Arc<Health>,
+    /// Sample the gauges of `/metrics` (queue depths, jobs, GPUs) every 5 s.
+    pub gauges: bool,
 }
 
 /// A worker's failure.
@@ -144,6 +152,7 @@ pub struct Worker {
     services: tokio::task::JoinSet<()>,
     describe: Arc<heartbeat::Describe>,
     done: Arc<AtomicU64>,
+    health: Arc<Health>,
 }
 
 impl Worker {
@@ -167,7 +176,11 @@ impl Worker {
             lease,
             keep_intermediates,
             broker_timeout,
+            health,
+            gauges,
         } = config;
+        health.set("broker", false, "connecting");
+        health.set("database", false, "connecting");
         let instance = Uuid::new_v4();
         let cluster = narrator_db::cluster_id(&pool).await?;
         // The worker's row names this process before anything is consumed: claims and
@@ -244,6 +257,7 @@ impl Worker {
                 // waited (a full device, a long max_wait) are checked again.
                 recheck_after: Duration::from_secs(1),
                 pack_max,
+                voice: name.clone(),
             };
             loops.spawn(async move {
                 let result = work(queue.clone(), &stages, &opts).await;
@@ -265,14 +279,33 @@ impl Worker {
             outages,
             last: std::sync::Mutex::new(None),
         });
+        health.set("broker", true, format!("consuming {}", names.join(", ")));
+        health.set("database", true, "reachable");
+        // A heartbeat may wait for the database's statement timeout before it fails.
+        health.expect_loop("heartbeat", every * 3 + Duration::from_secs(130));
+        health.expect_loop("broker watch", Duration::from_secs(30));
         let mut services = tokio::task::JoinSet::new();
         services.spawn(heartbeat::heartbeat(
             pool.clone(),
             describe.clone(),
             done.clone(),
-            every,
+            (every, health.clone()),
             stop.clone(),
         ));
+        if gauges {
+            services.spawn(gauges::gauges(
+                gauges::Gauges {
+                    pool: pool.clone(),
+                    channel: conn.create_channel().await.map_err(|e| BrokerError::Amqp {
+                        op: "channel.open".into(),
+                        source: e,
+                    })?,
+                    describe: describe.clone(),
+                    lease,
+                },
+                stop.clone(),
+            ));
+        }
         services.spawn(reconciler::reconciler(
             reconciler::Reconciler {
                 pool: pool.clone(),
@@ -310,6 +343,7 @@ impl Worker {
             services,
             describe,
             done,
+            health,
         })
     }
 
@@ -333,10 +367,12 @@ impl Worker {
             Some(r) = self.loops.join_next() => {
                 failure = loop_failure(r);
             }
-            lost = broker_lost(&self.conn, self.broker_timeout) => {
+            lost = broker_lost(&self.conn, self.broker_timeout, &self.health) => {
                 failure = Some(lost);
             }
         }
+        self.health
+            .set("stopping", false, "draining the batches in flight");
         let _ = self.stop_tx.send(true);
         // Without a broker the loops cannot settle what they hold: give them a bounded
         // time (the broker redelivers whatever was not acknowledged).
@@ -381,12 +417,22 @@ const DRAIN_WITHOUT_BROKER: Duration = Duration::from_secs(10);
 
 /// Resolves once the connection has not been connected for `timeout` (lapin reconnects
 /// with backoff meanwhile), or at once when lapin gave up.
-async fn broker_lost(conn: &lapin::Connection, timeout: Duration) -> WorkerError {
+async fn broker_lost(conn: &lapin::Connection, timeout: Duration, health: &Health) -> WorkerError {
     let mut down_since: Option<std::time::Instant> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
+        health.tick("broker watch");
         let status = conn.status();
+        health.set(
+            "broker",
+            status.connected(),
+            if status.connected() {
+                "consuming"
+            } else {
+                "connection lost; reconnecting"
+            },
+        );
         if status.connected() {
             if let Some(since) = down_since.take() {
                 tracing::warn!(

@@ -2,7 +2,7 @@
 //! outbox column): used by `submit`, `retry`, the reconciler and the watchdog.
 
 use narrator_broker::{Publisher, SegmentMessage};
-use narrator_core::Segment;
+use narrator_core::{Segment, TraceContext};
 use narrator_db::{PgPool, Uuid};
 
 use crate::WorkerError;
@@ -11,11 +11,12 @@ use crate::WorkerError;
 pub const PUBLISH_CHUNK: usize = 1000;
 
 /// Publishes `segments` of `job` to `voice`'s queue of the job's `priority` lane, tied
-/// to `cluster`, in chunks; each chunk the broker confirmed is marked published.
+/// to `cluster` and carrying the job's `trace` (its headers), in chunks; each chunk the
+/// broker confirmed is marked published.
 pub async fn publish_segments(
     pool: &PgPool,
     publisher: &Publisher,
-    cluster: &str,
+    (cluster, trace): (&str, Option<&TraceContext>),
     job: Uuid,
     (voice, priority): (&str, i32),
     segments: &[Segment],
@@ -28,6 +29,7 @@ pub async fn publish_segments(
                 SegmentMessage::new(job.to_string(), voice, s.clone())
                     .in_cluster(cluster)
                     .in_lane(lane)
+                    .traced(trace)
             })
             .collect();
         publisher.publish_batch(&messages).await?;

@@ -41,7 +41,7 @@ pub struct Reconciler {
 }
 
 /// Ready messages in `queue` (a passive declare); `None` if the broker did not answer.
-async fn ready_messages(channel: &lapin::Channel, queue: &str) -> Option<u32> {
+pub(crate) async fn ready_messages(channel: &lapin::Channel, queue: &str) -> Option<u32> {
     let opts = QueueDeclareOptions {
         passive: true,
         ..QueueDeclareOptions::default()
@@ -76,10 +76,11 @@ impl Reconciler {
                 }
             };
             tracing::info!(%job, segments = segments.len(), "republishing unpublished segments");
+            let trace = narrator_db::job_trace(&self.pool, job).await.ok().flatten();
             let published = crate::publish_segments(
                 &self.pool,
                 &self.publisher,
-                &self.cluster,
+                (&self.cluster, trace.as_ref()),
                 job,
                 (&route.0, route.1),
                 &segments,
@@ -136,10 +137,14 @@ impl Reconciler {
             {
                 tracing::debug!(error = %e, "cannot end jobs with failed segments");
             }
+            let trace = narrator_db::job_trace(&self.pool, r.job)
+                .await
+                .ok()
+                .flatten();
             let published = crate::publish_segments(
                 &self.pool,
                 &self.publisher,
-                &self.cluster,
+                (&self.cluster, trace.as_ref()),
                 r.job,
                 (&r.voice, r.priority),
                 &r.segments,

@@ -62,6 +62,8 @@ fn config(w: &World, synth: Synthesizer) -> WorkerConfig {
         lease: Duration::from_secs(300),
         keep_intermediates: false,
         broker_timeout: Duration::from_secs(60),
+        health: narrator_telemetry::serve::Health::new(),
+        gauges: false,
     }
 }
 

@@ -30,6 +30,22 @@ pub(crate) struct Global {
     /// Log filter, e.g. `info` or `narrator=debug` (default: warn).
     #[arg(long, env = "NARRATOR_LOG", global = true, default_value = "warn")]
     pub(crate) log: String,
+    /// Log lines on stderr: `text`, or `json` (one object per line, with `trace_id` and
+    /// `span_id` when traces are exported).
+    #[arg(
+        long,
+        env = "NARRATOR_LOG_FORMAT",
+        global = true,
+        default_value = "text"
+    )]
+    pub(crate) log_format: narrator_telemetry::LogFormat,
+    /// Export traces over OTLP, configured by the standard OTEL_* environment
+    /// (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL=grpc|http/protobuf,
+    /// OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, OTEL_BSP_*).
+    /// Also on when OTEL_TRACES_EXPORTER=otlp. Off by default.
+    #[arg(long, env = "NARRATOR_OTLP", global = true,
+        value_parser = clap::builder::BoolishValueParser::new())]
+    pub(crate) otlp: bool,
 }
 
 /// Inference settings.
@@ -286,6 +302,10 @@ pub(crate) struct WorkerArgs {
     /// exits with an error, for its supervisor to restart it.
     #[arg(long, env = "NARRATOR_BROKER_TIMEOUT", default_value_t = 120)]
     pub(crate) broker_timeout: u64,
+    /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address, e.g.
+    /// `0.0.0.0:9464` (`:0` picks a free port and prints it). Off by default.
+    #[arg(long, env = "NARRATOR_LISTEN")]
+    pub(crate) listen: Option<String>,
     /// Seconds between heartbeats; another worker takes over an assembly whose
     /// assembler missed heartbeats for 6 times this.
     #[arg(long, default_value_t = 5)]

@@ -14,13 +14,23 @@ use clap::Parser;
 use crate::cli::{Cli, Command, VoicesArgs};
 use crate::paths::Paths;
 
-fn init_telemetry(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+/// Logs, and traces when asked for (`--otlp` or `OTEL_TRACES_EXPORTER=otlp`, unless
+/// `OTEL_SDK_DISABLED=true`). Runs inside the runtime: the exporter sends from a task.
+fn init_telemetry(cli: &Cli) -> anyhow::Result<narrator_telemetry::Telemetry> {
+    let env_on = std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.trim() == "otlp");
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim() == "true");
+    let (service, instance) = match &cli.command {
+        Command::Worker(w) => ("narrator-worker", w.id.clone()),
+        Command::Submit(_) => ("narrator-submit", None),
+        _ => ("narrator", None),
+    };
+    Ok(narrator_telemetry::init(&narrator_telemetry::Options {
+        log: cli.global.log.clone(),
+        log_format: cli.global.log_format,
+        traces: (cli.global.otlp || env_on) && !disabled,
+        service: service.to_string(),
+        instance,
+    })?)
 }
 
 fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
@@ -125,7 +135,6 @@ fn fix_malloc_mmap_threshold() {}
 fn main() -> std::process::ExitCode {
     fix_malloc_mmap_threshold();
     let cli = Cli::parse();
-    init_telemetry(&cli.global.log);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -134,6 +143,13 @@ fn main() -> std::process::ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let telemetry = match rt.block_on(async { init_telemetry(&cli) }) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -148,6 +164,8 @@ fn main() -> std::process::ExitCode {
             _ = shutdown_signal() => None,
         }
     });
+    // Spans still buffered (a short `submit`) are exported while the runtime runs.
+    telemetry.shutdown();
     // Engine threads may be mid-run; finished segments are already safe on disk.
     rt.shutdown_background();
     match result {

@@ -225,10 +225,11 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
         narrator_broker::declare(&channel, &voice).await?;
         let publisher = Publisher::new(&conn).await?;
         let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
+        let trace = narrator_db::job_trace(&pool, job).await?;
         narrator_worker::publish_segments(
             &pool,
             &publisher,
-            &cluster_id,
+            (&cluster_id, trace.as_ref()),
             job,
             (&voice, priority),
             &segments,

@@ -10,6 +10,7 @@ use narrator_broker::Publisher;
 use narrator_core::JobPlan;
 use narrator_db::JobSettings;
 use narrator_pipeline::{AudioIdentity, plan_job};
+use tracing::{Instrument, info_span};
 
 use crate::cli::SubmitArgs;
 use crate::cluster;
@@ -75,30 +76,38 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     let digest = identity_digest(&voice);
     let d = voice.config.scales;
     let opts = load_options(&args.text);
-    // Every input is read and planned before anything is recorded or enqueued.
-    let mut plans: Vec<JobPlan> = Vec::new();
+    // Every input is read and planned before anything is recorded or enqueued. Each book
+    // is its own trace (a root span), which its segments and its assembly join.
+    let mut plans: Vec<(JobPlan, tracing::Span)> = Vec::new();
     for book in expand(&args.inputs)? {
-        let doc = narrator_text::load_document(&book, &opts)?;
+        let span = info_span!(parent: None, "submit", otel.name = %format!("submit {}", file_stem(&book)),
+            narrator.source = %book.display(), narrator.voice = %voice.name, narrator.job_id = tracing::field::Empty);
+        let _entered = span.enter();
+        let doc = info_span!("read", narrator.source = %book.display())
+            .in_scope(|| narrator_text::load_document(&book, &opts))?;
         for w in &doc.warnings {
             eprintln!("warning: {}: {w}", book.display());
         }
         let source = book.display().to_string();
-        let plan = plan_job(
-            &doc,
-            &source,
-            &file_stem(&book),
-            &AudioIdentity {
-                voice: &voice.name,
-                voice_digest: &digest,
-                scales: d,
-            },
-        );
+        let plan = info_span!("plan").in_scope(|| {
+            plan_job(
+                &doc,
+                &source,
+                &file_stem(&book),
+                &AudioIdentity {
+                    voice: &voice.name,
+                    voice_digest: &digest,
+                    scales: d,
+                },
+            )
+        });
         if plan.segments.is_empty() {
             bail!(
                 "{source} has nothing speakable after cleaning; check that it holds readable text"
             );
         }
-        plans.push(plan);
+        drop(_entered);
+        plans.push((plan, span));
     }
     let settings = JobSettings {
         sentence_pause_ms: args.text.sentence_pause_ms,
@@ -115,23 +124,42 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     let publisher = Publisher::new(&conn).await?;
     let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
     let mut unpublished = 0;
-    for plan in &plans {
-        let job = narrator_db::create_job(&pool, plan, format.extension(), args.priority).await?;
-        narrator_db::set_settings(&pool, job, &settings).await?;
+    for (plan, span) in &plans {
+        let record = info_span!(parent: span, "record", otel.name = "INSERT jobs",
+            db.system.name = "postgresql", db.operation.name = "INSERT", db.collection.name = "jobs");
+        let job = async {
+            let job =
+                narrator_db::create_job(&pool, plan, format.extension(), args.priority).await?;
+            narrator_db::set_settings(&pool, job, &settings).await?;
+            anyhow::Ok(job)
+        }
+        .instrument(record)
+        .await?;
+        span.record("narrator.job_id", tracing::field::display(job));
+        let trace = narrator_telemetry::propagate::context_of(span);
+        if let Some(trace) = &trace {
+            narrator_db::set_job_trace(&pool, job, trace).await?;
+        }
         if std::env::var_os("NARRATOR_TEST_CRASH_AFTER_COMMIT").is_some() {
             // Fault injection for the outbox test: die like a killed producer would.
             std::process::abort();
         }
         // A broker that drops or refuses a publish does not lose the book: it is recorded,
         // and a worker's reconciler enqueues what was not confirmed. The other books go on.
+        let queue =
+            narrator_broker::lane_queue(&voice.name, narrator_broker::lane_of(args.priority));
+        let publish = info_span!(parent: span, "publish", otel.name = %format!("publish {queue}"),
+            otel.kind = "producer", messaging.system = "rabbitmq", messaging.operation.type = "publish",
+            messaging.destination.name = %queue, messaging.batch.message_count = plan.segments.len());
         let published = narrator_worker::publish_segments(
             &pool,
             &publisher,
-            &cluster_id,
+            (&cluster_id, trace.as_ref()),
             job,
             (&voice.name, args.priority),
             &plan.segments,
         )
+        .instrument(publish)
         .await;
         if let Err(e) = &published {
             unpublished += 1;

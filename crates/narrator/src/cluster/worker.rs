@@ -76,6 +76,20 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         e.voice = v.clone();
         found.push((engine::find_voice(paths, &e)?, e));
     }
+    // /healthz and /readyz answer while the engines load (not ready until they are warm).
+    let health = narrator_telemetry::serve::Health::new();
+    health.set("engines", false, "loading and warming up");
+    let _server = match &args.listen {
+        Some(addr) => {
+            let server = narrator_telemetry::serve::serve(addr, health.clone()).await?;
+            eprintln!(
+                "worker {worker_id}: /metrics, /healthz and /readyz on http://{}",
+                server.addr
+            );
+            Some(server)
+        }
+        None => None,
+    };
     // Then the services: a wrong URL fails before the engines load. (The broker is
     // connected again by `Worker::start`; this check fails fast on a wrong URL.)
     let pool = cluster::database(&args.services).await?;
@@ -210,7 +224,10 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         lease: Duration::from_secs(args.lease.max(1)),
         keep_intermediates: args.keep_intermediates,
         broker_timeout: Duration::from_secs(args.broker_timeout.max(1)),
+        health: health.clone(),
+        gauges: args.listen.is_some(),
     };
+    health.set("engines", true, format!("{} warm", devices.join(", ")));
     let worker = Worker::start(config).await?;
     eprintln!("worker {worker_id} ready");
     let stopping = async {

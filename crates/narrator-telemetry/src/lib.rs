@@ -1,0 +1,159 @@
+//! narrator's telemetry, in one place for every command:
+//! - logs on stderr, as text or as JSON lines that carry the trace and span ids
+//!   ([`LogFormat`]);
+//! - `tracing` spans exported over OTLP (gRPC or HTTP/protobuf) when asked for, configured
+//!   by the standard `OTEL_*` environment ([`otlp`]); off by default, and then free: no
+//!   exporter, no OpenTelemetry layer, and spans below the log level are never built;
+//! - W3C trace context carried with the work, through AMQP headers and the database
+//!   ([`propagate`]);
+//! - Prometheus metrics and the `/metrics`, `/healthz` and `/readyz` endpoints
+//!   ([`metrics`], [`serve`]).
+
+pub mod json;
+pub mod metrics;
+pub mod otlp;
+pub mod propagate;
+pub mod serve;
+
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+pub use propagate::TraceContext;
+
+/// How log lines are written on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, with `trace_id` and `span_id` when traces are on.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = TelemetryError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            _ => Err(TelemetryError::LogFormat(s.to_string())),
+        }
+    }
+}
+
+/// What to set up.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Log filter (`EnvFilter` syntax, e.g. `warn` or `narrator=debug`).
+    pub log: String,
+    /// Text or JSON lines.
+    pub log_format: LogFormat,
+    /// Export spans over OTLP (see [`otlp`] for the environment it reads).
+    pub traces: bool,
+    /// `service.name` when neither `OTEL_SERVICE_NAME` nor `OTEL_RESOURCE_ATTRIBUTES`
+    /// names one (e.g. `narrator-worker`).
+    pub service: String,
+    /// `service.instance.id` (e.g. the worker's id), when there is one.
+    pub instance: Option<String>,
+}
+
+/// A telemetry set-up failure.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// `--log-format` is neither text nor json.
+    #[error("unknown log format `{0}`: use `text` or `json`")]
+    LogFormat(String),
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL` names a protocol this build does not speak.
+    #[error("{var}={value} is not supported: set it to `grpc` or `http/protobuf` (the default)")]
+    Protocol {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The OTLP exporter could not be built (a malformed endpoint, say).
+    #[error("cannot set up the OTLP trace exporter: {0} (check OTEL_EXPORTER_OTLP_ENDPOINT)")]
+    Exporter(String),
+    /// The `/metrics` recorder could not be installed.
+    #[error("cannot install the Prometheus recorder: {0}")]
+    Metrics(String),
+    /// The metrics/health listener could not bind.
+    #[error("cannot listen on {addr} for /metrics, /healthz and /readyz: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The running telemetry: call [`Telemetry::shutdown`] before the process exits so that
+/// spans still buffered are exported.
+#[derive(Debug)]
+pub struct Telemetry {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Whether spans are exported.
+    pub fn traces_on(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Exports the spans still buffered and stops the exporter (waits at most the
+    /// exporter's timeout). Call it outside the async runtime's worker threads while the
+    /// runtime still runs (the export runs on it).
+    pub fn shutdown(mut self) {
+        if let Some(provider) = self.provider.take() {
+            if let Err(e) = provider.force_flush() {
+                eprintln!("warning: could not export the last spans: {e}");
+            }
+            let _ = provider.shutdown();
+        }
+    }
+}
+
+/// Sets up logging and, when `options.traces`, the OTLP exporter. Call it inside the
+/// Tokio runtime (the exporter's batches are sent from a task of it). A second call in a
+/// process keeps the first set-up.
+pub fn init(options: &Options) -> Result<Telemetry, TelemetryError> {
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_new(&options.log)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+    };
+    let log_layer = match options.log_format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+            .boxed(),
+        LogFormat::Json => json::JsonLayer::stderr().with_filter(filter()).boxed(),
+    };
+    let provider = if options.traces {
+        Some(otlp::provider(
+            &options.service,
+            options.instance.as_deref(),
+        )?)
+    } else {
+        None
+    };
+    if let Some(p) = &provider {
+        // Spans recorded after the fact (see `propagate::record_interval`) use it.
+        opentelemetry::global::set_tracer_provider(p.clone());
+    }
+    let trace_layer = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider as _;
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("narrator"))
+            .with_tracked_inactivity(false)
+            .with_threads(false)
+            .with_filter(otlp::span_filter())
+    });
+    let _ = tracing_subscriber::registry()
+        .with(log_layer)
+        .with(trace_layer)
+        .try_init();
+    Ok(Telemetry { provider })
+}
