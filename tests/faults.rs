@@ -13,7 +13,7 @@ use lapin::options::{BasicAckOptions, BasicGetOptions};
 use narrator_broker::{Publisher, SegmentMessage, work_queue};
 use narrator_db::{JobState, Uuid};
 use narrator_test_support::{
-    PrivatePostgres, PrivateRabbit, Services, VOICE, World, book_text, check_job, root,
+    PrivatePostgres, PrivateRabbit, Services, VOICE, World, book_text, check_job, eventually, root,
 };
 
 fn segments_of(w: &World, job: Uuid) -> Vec<narrator_core::Segment> {
@@ -27,15 +27,6 @@ fn cluster_of(w: &World) -> String {
     w.rt.block_on(narrator_db::cluster_id(&w.pool))
         .expect("cluster id")
         .to_string()
-}
-
-/// Waits until `check` holds, at most `within`; `what` names it in the failure.
-fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Waits until the job's assembly failed for now and was postponed (not failed), and

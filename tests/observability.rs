@@ -4,21 +4,13 @@
 //! engines' warm-up and the broker connection.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use narrator_test_support::otlp::{OtlpReceiver, ReceivedSpan, Transport};
 use narrator_test_support::prometheus::{Prometheus, free_port, http_get};
 use narrator_test_support::{
-    PrivateRabbit, Services, VOICE, World, book_text, narrator_db::JobState, root,
+    PrivateRabbit, Services, VOICE, World, book_text, eventually, narrator_db::JobState, root,
 };
-
-fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 /// The spans called `name` (a trailing `*` matches any rest: `upload` spans are named
 /// `PUT <file>`).

@@ -954,3 +954,12 @@ impl Drop for PrivatePostgres {
             .output();
     }
 }
+
+/// Waits until `check` holds, at most `within`; `what` names it in the failure.
+pub fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
