@@ -38,30 +38,40 @@ fn a_book_is_one_trace_from_submit_through_every_segment_to_the_assembly() {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     w.worker("t1", &["--engine", "null"], &env);
     let book = w.book("traced.md", &book_text(3, 4, None));
-    let job = w.submit_with(
+    let submitted = w.submit_json(
         &book,
         &["--format", "wav"],
         &http.env(Transport::HttpProtobuf),
     );
+    let job: narrator_test_support::narrator_db::Uuid = submitted["job_id"]
+        .as_str()
+        .expect("job_id")
+        .parse()
+        .expect("uuid");
     w.wait_state(job, JobState::Done, Duration::from_secs(120));
     let total = w.segment_rows(job).len();
     assert_eq!(total, 12);
 
     // submit flushed its spans before it exited.
-    let submitted = http.spans();
-    let roots = named(&submitted, "submit traced");
-    assert_eq!(roots.len(), 1, "{submitted:#?}");
+    let exported = http.spans();
+    let roots = named(&exported, "submit traced");
+    assert_eq!(roots.len(), 1, "{exported:#?}");
     let root = roots[0];
     assert_eq!(root.parent_span_id, "", "submit starts the trace");
     assert_eq!(root.service, "narrator-submit");
     assert_eq!(root.attr("narrator.job_id"), Some(job.to_string().as_str()));
+    assert_eq!(
+        submitted["trace_id"],
+        root.trace_id.as_str(),
+        "submit --json names the trace"
+    );
     for stage in ["read", "plan", "INSERT jobs", "publish narrator.segments.*"] {
-        let s = named(&submitted, stage);
+        let s = named(&exported, stage);
         assert_eq!(s.len(), 1, "one {stage} span");
         assert_eq!(s[0].trace_id, root.trace_id, "{stage}");
         assert_eq!(s[0].parent_span_id, root.span_id, "{stage}");
     }
-    let publish = named(&submitted, "publish narrator.segments.*")[0];
+    let publish = named(&exported, "publish narrator.segments.*")[0];
     assert_eq!(publish.attr("messaging.system"), Some("rabbitmq"));
 
     let spans = grpc.wait_for(Duration::from_secs(30), |s| {

@@ -379,6 +379,17 @@ impl World {
 
     /// [`World::submit`] with `env` set (telemetry settings, say).
     pub fn submit_with(&self, book: &Path, extra: &[&str], env: &[(&str, String)]) -> Uuid {
+        let v = self.submit_json(book, extra, env);
+        v["job_id"].as_str().expect("job_id").parse().expect("uuid")
+    }
+
+    /// `narrator submit BOOK --json EXTRA` with `env`: its JSON line.
+    pub fn submit_json(
+        &self,
+        book: &Path,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> serde_json::Value {
         let mut args = vec!["submit", book.to_str().expect("utf8"), "--json"];
         args.extend_from_slice(extra);
         let out = self
@@ -393,8 +404,7 @@ impl World {
             String::from_utf8_lossy(&out.stderr)
         );
         let line = String::from_utf8_lossy(&out.stdout).to_string();
-        let v: serde_json::Value = serde_json::from_str(line.trim()).expect("submit JSON");
-        v["job_id"].as_str().expect("job_id").parse().expect("uuid")
+        serde_json::from_str(line.trim()).expect("submit JSON")
     }
 
     /// `narrator status JOB --json`.

@@ -180,6 +180,11 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
                 "segments": plan.segments.len(),
                 "published": published.is_ok(),
             });
+            // With traces on: the book's trace id, to find it in the tracing backend.
+            let mut v = v;
+            if let Some(id) = trace.as_ref().and_then(|t| t.traceparent.split('-').nth(1)) {
+                v["trace_id"] = id.into();
+            }
             println!("{v}");
         } else {
             println!(
