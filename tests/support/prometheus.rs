@@ -15,14 +15,18 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// `GET url`: the status and the body (any status; a connection failure is status 0).
-pub fn http_get(url: &str) -> (u16, String) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
+/// An HTTP client that returns every status as a response (10 s timeout).
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(10)))
         .build()
-        .into();
-    match agent.get(url).call() {
+        .into()
+}
+
+/// `GET url`: the status and the body (any status; a connection failure is status 0).
+pub fn http_get(url: &str) -> (u16, String) {
+    match agent().get(url).call() {
         Ok(mut r) => {
             let status = r.status().as_u16();
             (status, r.body_mut().read_to_string().unwrap_or_default())
@@ -96,11 +100,7 @@ impl Prometheus {
 
     /// The result vector of an instant query (`data.result`); panics on a query error.
     pub fn query(&self, expr: &str) -> Vec<serde_json::Value> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let mut r = agent
+        let mut r = agent()
             .get(&format!("http://127.0.0.1:{}/api/v1/query", self.port))
             .query("query", expr)
             .call()

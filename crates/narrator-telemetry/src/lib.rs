@@ -107,11 +107,11 @@ impl Telemetry {
     /// exporter's timeout). Call it outside the async runtime's worker threads while the
     /// runtime still runs (the export runs on it).
     pub fn shutdown(mut self) {
-        if let Some(provider) = self.provider.take() {
-            if let Err(e) = provider.force_flush() {
-                eprintln!("warning: could not export the last spans: {e}");
-            }
-            let _ = provider.shutdown();
+        // Shutting the provider down exports what its batch processor still holds.
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("warning: could not export the last spans: {e}");
         }
     }
 }

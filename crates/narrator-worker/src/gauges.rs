@@ -1,12 +1,13 @@
 //! The worker's sampled metrics (every [`SAMPLE_EVERY`], only when `/metrics` is
-//! served): per voice the plan (budget, prefetch), the device-busy fraction and a CPU
-//! fallback; the voices' queue depths and the dead letters (passive declares); jobs by
+//! served): the voices' queue depths and the dead letters (passive declares); jobs by
 //! state, the oldest unfinished job and jobs without progress for a lease (one query);
 //! per GPU what NVML reports (memory, utilisation, temperature, power, clocks, throttle
-//! reasons). Counters and histograms are recorded where the work happens.
+//! reasons). The per-engine gauges (plan, device-busy fraction, CPU fallback) are set by
+//! the heartbeat, which computes them anyway; counters and histograms are recorded where
+//! the work happens.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use narrator_broker::{DEAD_LETTER_QUEUE, LANES, lane_queue};
 use narrator_db::PgPool;
@@ -27,39 +28,6 @@ pub(crate) struct Gauges {
 }
 
 impl Gauges {
-    fn engines(&self, last: &mut Option<(Instant, Vec<f64>)>) {
-        let now = Instant::now();
-        let busy: Vec<f64> = self
-            .describe
-            .reports
-            .iter()
-            .map(|r| r.synth.stats().busy_seconds)
-            .collect();
-        for (i, r) in self.describe.reports.iter().enumerate() {
-            let device = r.synth.pool().device().to_string();
-            let labels = [("voice", r.voice.clone()), ("device", device)];
-            let budget = r.synth.budget();
-            metrics::gauge!(m::PLAN_BUDGET_TOKENS, &labels).set(budget.max_tokens as f64);
-            metrics::gauge!(m::PLAN_BUDGET_REQUESTS, &labels).set(budget.max_requests as f64);
-            metrics::gauge!(m::PLAN_PREFETCH, "voice" => r.voice.clone())
-                .set(f64::from(r.prefetch));
-            let fallback = r.synth.stats().fallback.is_some();
-            metrics::gauge!(m::CPU_FALLBACK_ACTIVE, "voice" => r.voice.clone()).set(if fallback {
-                1.0
-            } else {
-                0.0
-            });
-            if let Some((then, before)) = last.as_ref() {
-                let wall = now.duration_since(*then).as_secs_f64();
-                if wall > 0.0 {
-                    let ratio = (busy[i] - before.get(i).copied().unwrap_or(0.0)) / wall;
-                    metrics::gauge!(m::DEVICE_BUSY_RATIO, &labels).set(ratio.clamp(0.0, 1.0));
-                }
-            }
-        }
-        *last = Some((now, busy));
-    }
-
     async fn queues(&self) {
         let mut voices: Vec<&str> = self
             .describe
@@ -138,9 +106,7 @@ async fn gpus() {
 /// Samples every [`SAMPLE_EVERY`] until `stop`.
 pub(crate) async fn gauges(g: Gauges, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
-    let mut last = None;
     loop {
-        g.engines(&mut last);
         g.queues().await;
         g.jobs().await;
         gpus().await;

@@ -63,6 +63,7 @@ impl Describe {
             .zip(fractions)
             .map(|((r, st), busy_fraction)| {
                 let b = r.synth.budget();
+                gauge_engine(r, &b, busy_fraction, st.fallback.is_some());
                 let mut v = r.base.clone();
                 if let Some(o) = v.as_object_mut() {
                     o.insert("voice".into(), r.voice.clone().into());
@@ -95,6 +96,32 @@ impl Describe {
             plan: serde_json::Value::Array(plans),
             instance: Some(self.instance),
         }
+    }
+}
+
+/// The per-engine gauges of `/metrics`, from what the heartbeat reports (no-ops without
+/// the Prometheus recorder).
+fn gauge_engine(
+    r: &Report,
+    budget: &narrator_pipeline::Budget,
+    busy_fraction: Option<f64>,
+    fallback: bool,
+) {
+    use narrator_telemetry::metrics as m;
+    let labels = [
+        ("voice", r.voice.clone()),
+        ("device", r.synth.pool().device().to_string()),
+    ];
+    metrics::gauge!(m::PLAN_BUDGET_TOKENS, &labels).set(budget.max_tokens as f64);
+    metrics::gauge!(m::PLAN_BUDGET_REQUESTS, &labels).set(budget.max_requests as f64);
+    metrics::gauge!(m::PLAN_PREFETCH, "voice" => r.voice.clone()).set(f64::from(r.prefetch));
+    metrics::gauge!(m::CPU_FALLBACK_ACTIVE, "voice" => r.voice.clone()).set(if fallback {
+        1.0
+    } else {
+        0.0
+    });
+    if let Some(f) = busy_fraction {
+        metrics::gauge!(m::DEVICE_BUSY_RATIO, &labels).set(f);
     }
 }
 
