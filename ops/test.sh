@@ -29,4 +29,7 @@ export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-narrator}"
 export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-narrator-secret}"
 export AWS_REGION="${AWS_REGION:-us-east-1}"
 bash ops/s3-server.sh start
+# Every Kubernetes manifest, rendered with kustomize and validated against the Kubernetes
+# and KEDA schemas (offline, tools from PyPI and npm).
+bash ops/k8s-check.sh
 cargo test --workspace --locked "$@"

@@ -22,6 +22,7 @@ pub use narrator_db;
 
 pub mod otlp;
 pub mod prometheus;
+pub mod tls;
 
 /// The voice every suite uses (shipped by `ops/setup.sh`).
 pub const VOICE: &str = "en_US-joe-medium";
@@ -780,8 +781,31 @@ pub struct PrivateRabbit {
 impl PrivateRabbit {
     /// Starts a node listening on `port` (distribution on `port + 20000`).
     pub fn start(port: u16) -> Self {
+        Self::start_with(port, None)
+    }
+
+    /// A node listening on `port` for AMQP and on `tls_port` for AMQPS with the
+    /// [`tls::TestPki`] server certificate (no client certificates asked).
+    pub fn start_tls(port: u16, tls_port: u16, pki: &tls::TestPki) -> Self {
+        Self::start_with(port, Some((tls_port, pki)))
+    }
+
+    fn start_with(port: u16, tls: Option<(u16, &tls::TestPki)>) -> Self {
         let dir = tempfile::tempdir().expect("rabbit dir");
         std::fs::write(dir.path().join("enabled_plugins"), "[].\n").expect("plugins");
+        let mut conf = String::new();
+        if let Some((tls_port, pki)) = tls {
+            let (cert, key) = pki.copy_server_files(dir.path());
+            conf = format!(
+                "listeners.ssl.default = {tls_port}\nssl_options.cacertfile = {}\n\
+                 ssl_options.certfile = {}\nssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
+                dir.path().join("ca.pem").display(),
+                cert.display(),
+                key.display()
+            );
+        }
+        std::fs::write(dir.path().join("rabbitmq.conf"), conf).expect("rabbitmq.conf");
         // Run as root, Debian's rabbitmq-server switches to the rabbitmq user.
         give_to("rabbitmq", dir.path());
         let node = format!("narrator-test-{port}@localhost");
@@ -821,7 +845,7 @@ impl PrivateRabbit {
             .env("RABBITMQ_LOG_BASE", d.join("log"))
             .env("RABBITMQ_PID_FILE", d.join("pid"))
             .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
-            .env("RABBITMQ_CONFIG_FILE", d.join("none"))
+            .env("RABBITMQ_CONFIG_FILE", d.join("rabbitmq.conf"))
             .env(
                 "RABBITMQ_ADVANCED_CONFIG_FILE",
                 d.join("none-advanced.config"),
@@ -869,6 +893,7 @@ impl Drop for PrivateRabbit {
 pub struct PrivatePostgres {
     /// Its port.
     pub port: u16,
+    listen: &'static str,
     dir: tempfile::TempDir,
 }
 
@@ -905,6 +930,12 @@ fn as_postgres(program: &str) -> Command {
 impl PrivatePostgres {
     /// A new cluster on `port`, started, with trust authentication on 127.0.0.1.
     pub fn start(port: u16) -> Self {
+        let pg = Self::init(port, "127.0.0.1");
+        pg.up();
+        pg
+    }
+
+    fn init(port: u16, listen: &'static str) -> Self {
         let dir = tempfile::tempdir().expect("pg dir");
         let data = dir.path().join("data");
         give_to("postgres", dir.path());
@@ -913,8 +944,39 @@ impl PrivatePostgres {
                 .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
                 .arg(&data),
         );
-        let pg = Self { port, dir };
+        Self { port, listen, dir }
+    }
+
+    /// A new cluster on `port` with TLS (the [`tls::TestPki`] server certificate),
+    /// listening on 127.0.0.1 and on 127.0.0.2 (a loopback address the certificate does
+    /// not name). The role `narrator_tls` may log in over TLS only; `postgres` either way
+    /// (the tests' own admin connections).
+    pub fn start_tls(port: u16, pki: &tls::TestPki) -> Self {
+        let pg = Self::init(port, "127.0.0.1,127.0.0.2");
+        let (cert, key) = pki.copy_server_files(pg.dir.path());
+        give_to("postgres", pg.dir.path());
+        let conf = pg.data().join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        text.push_str(&format!(
+            "\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            cert.display(),
+            key.display()
+        ));
+        std::fs::write(&conf, text).expect("postgresql.conf");
+        std::fs::write(
+            pg.data().join("pg_hba.conf"),
+            "local all all trust\nhostnossl all narrator_tls 127.0.0.0/8 reject\n\
+             host all all 127.0.0.0/8 trust\n",
+        )
+        .expect("pg_hba.conf");
         pg.up();
+        run_ok(
+            as_postgres("psql")
+                .arg("-h")
+                .arg(pg.dir.path())
+                .args(["-p", &pg.port.to_string(), "-U", "postgres", "-qc"])
+                .arg("CREATE ROLE narrator_tls LOGIN SUPERUSER"),
+        );
         pg
     }
 
@@ -930,9 +992,10 @@ impl PrivatePostgres {
     /// Starts the server.
     pub fn up(&self) {
         let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            "-p {} -k {} -c listen_addresses={}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.listen
         );
         run_ok(
             as_postgres("pg_ctl")

@@ -5,16 +5,29 @@ use narrator_core::{RetryClass, SeamError};
 /// What went wrong talking to RabbitMQ.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
-    /// The broker could not be reached (or did not answer in time).
-    #[error(
-        "cannot connect to RabbitMQ at {uri}: start it (`rabbitmq-server -detached`) or set NARRATOR_AMQP_URL"
-    )]
+    /// The broker could not be reached (or did not answer in time, or its TLS certificate
+    /// was refused).
+    #[error("cannot connect to RabbitMQ at {uri}: {cause}")]
     Connect {
         /// The URI, password redacted.
         uri: String,
+        /// What failed and what to do, in words.
+        cause: String,
         /// The cause; `None` on a timeout.
         #[source]
-        source: Option<lapin::Error>,
+        source: Option<Box<lapin::Error>>,
+    },
+    /// The CA file given for `amqps://` cannot be read.
+    #[error(
+        "cannot read the RabbitMQ CA file {}: {source}; give a PEM file (NARRATOR_AMQP_CA_FILE)",
+        .path.display()
+    )]
+    CaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
     },
     /// An AMQP operation failed.
     #[error("RabbitMQ {op} failed: {source}")]
@@ -73,6 +86,31 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
+    /// A failed connection to `uri`, its cause named: a TLS certificate problem, no
+    /// answer in time, or the broker away.
+    pub(crate) fn connect(uri: &str, source: Option<lapin::Error>) -> Self {
+        let tls = source
+            .as_ref()
+            .and_then(|e| narrator_net::tls_problem(e as &(dyn std::error::Error + 'static)));
+        let cause = match (&source, tls) {
+            (_, Some(problem)) => {
+                format!("{problem}; for a private CA set NARRATOR_AMQP_CA_FILE (--amqp-ca-file)")
+            }
+            (None, None) => format!(
+                "no answer within {} s; start it (`rabbitmq-server -detached`) or check the host and port in NARRATOR_AMQP_URL",
+                crate::CONNECT_TIMEOUT.as_secs()
+            ),
+            (Some(e), None) => {
+                format!("{e}; start it (`rabbitmq-server -detached`) or set NARRATOR_AMQP_URL")
+            }
+        };
+        Self::Connect {
+            uri: narrator_net::redact(uri),
+            cause,
+            source: source.map(Box::new),
+        }
+    }
+
     /// Wraps a lapin error with the operation that failed.
     pub(crate) fn amqp(op: impl Into<String>, source: lapin::Error) -> Self {
         Self::Amqp {
@@ -89,7 +127,7 @@ impl BrokerError {
                 RetryClass::Infrastructure
             }
             Self::Returned { .. } | Self::NotConfirmed => RetryClass::Transient,
-            Self::Encode(_) => RetryClass::Permanent,
+            Self::Encode(_) | Self::CaFile { .. } => RetryClass::Permanent,
             Self::Malformed(_) => RetryClass::Malformed,
             Self::WrongCluster { .. } => RetryClass::Permanent,
         }
@@ -99,6 +137,7 @@ impl BrokerError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Connect { .. } => "broker_unreachable",
+            Self::CaFile { .. } => "broker_config",
             Self::Amqp { .. } | Self::NotConfirmed => "broker",
             Self::Nacked { .. } => "broker_nacked",
             Self::Returned { .. } => "broker_unroutable",

@@ -49,64 +49,72 @@ pub const TRACESTATE_HEADER: &str = "tracestate";
 /// How long [`connect`] waits for the broker before it gives up.
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+pub use narrator_net::redact;
+
 /// Connects with lapin's automatic recovery enabled (it replays exchanges, queues,
 /// bindings, consumers, confirm mode and, since lapin 4.12.3, `basic_qos`).
 /// Must run inside a Tokio runtime.
 pub async fn connect(uri: &str) -> Result<lapin::Connection, BrokerError> {
-    connect_named(uri, "narrator").await
+    connect_with(uri, "narrator", None).await
 }
 
 /// [`connect`] with a connection name (shown by `rabbitmqctl list_connections
 /// client_properties` and the management UI).
 pub async fn connect_named(uri: &str, name: &str) -> Result<lapin::Connection, BrokerError> {
-    let props = lapin::ConnectionProperties::default()
-        .with_connection_name(name.into())
-        .enable_auto_recover();
-    match tokio::time::timeout(CONNECT_TIMEOUT, lapin::Connection::connect(uri, props)).await {
+    connect_with(uri, name, None).await
+}
+
+/// [`connect_named`] trusting, for `amqps://`, the CA certificates (PEM) in `ca_file` as
+/// well as the system's store. The server's certificate must be valid for the URI's host.
+pub async fn connect_with(
+    uri: &str,
+    name: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<lapin::Connection, BrokerError> {
+    let cert_chain = match ca_file {
+        Some(path) => {
+            Some(
+                std::fs::read_to_string(path).map_err(|source| BrokerError::CaFile {
+                    path: path.to_owned(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
+    let props = lapin::ConnectionProperties::default().with_connection_name(name.into());
+    let recovering = open(uri, props.clone().enable_auto_recover(), cert_chain.clone());
+    match tokio::time::timeout(CONNECT_TIMEOUT, recovering).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(source)) => Err(BrokerError::Connect {
-            uri: redact(uri),
-            source: Some(source),
-        }),
-        Err(_) => Err(BrokerError::Connect {
-            uri: redact(uri),
-            source: None,
-        }),
+        // With automatic recovery lapin retries the first connection too (with backoff),
+        // so a refused certificate looks like no answer. One attempt without retries
+        // names the cause.
+        _ => {
+            let once = open(uri, props, cert_chain);
+            match tokio::time::timeout(CONNECT_TIMEOUT / 2, once).await {
+                Ok(Err(source)) => Err(BrokerError::connect(uri, Some(source))),
+                Ok(Ok(conn)) => {
+                    let _ = conn.close(200, "diagnostic connection".into()).await;
+                    Err(BrokerError::connect(uri, None))
+                }
+                Err(_) => Err(BrokerError::connect(uri, None)),
+            }
+        }
     }
 }
 
-/// The URI without its password, for messages and logs.
-pub fn redact(uri: &str) -> String {
-    let Some(scheme_end) = uri.find("://").map(|i| i + 3) else {
-        return uri.to_string();
-    };
-    let rest = &uri[scheme_end..];
-    let Some(at) = rest.find('@') else {
-        return uri.to_string();
-    };
-    let userinfo = &rest[..at];
-    match userinfo.find(':') {
-        Some(colon) => format!(
-            "{}{}:***{}",
-            &uri[..scheme_end],
-            &userinfo[..colon],
-            &rest[at..]
-        ),
-        None => uri.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn redact_hides_only_the_password() {
-        assert_eq!(
-            redact("amqp://guest:secret@127.0.0.1:5672/%2f"),
-            "amqp://guest:***@127.0.0.1:5672/%2f"
-        );
-        assert_eq!(redact("amqp://127.0.0.1:5672"), "amqp://127.0.0.1:5672");
-        assert_eq!(redact("amqp://user@h"), "amqp://user@h");
-    }
+async fn open(
+    uri: &str,
+    props: lapin::ConnectionProperties,
+    cert_chain: Option<String>,
+) -> lapin::Result<lapin::Connection> {
+    lapin::DefaultConnectionBuilder::new()?
+        .with_uri_str(uri.to_owned())
+        .with_properties(props)
+        .with_tls_config(lapin::tcp::OwnedTLSConfig {
+            identity: None,
+            cert_chain,
+        })
+        .connect()
+        .await
 }

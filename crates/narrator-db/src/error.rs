@@ -11,6 +11,17 @@ pub enum DbError {
     /// The database could not be reached (connection refused, pool timed out or closed).
     #[error("cannot reach the database: {0}; is Postgres running and the database URL right?")]
     Unavailable(#[source] sqlx::Error),
+    /// The TLS handshake with the database failed: its certificate was refused.
+    #[error(
+        "TLS to the database failed: {problem}; for a private CA add sslrootcert=<CA file> to the database URL (or set PGSSLROOTCERT), and use sslmode=verify-full"
+    )]
+    Tls {
+        /// The cause, named.
+        problem: narrator_net::TlsProblem,
+        /// sqlx's error.
+        #[source]
+        source: sqlx::Error,
+    },
     /// No job has this id.
     #[error("job {0} does not exist")]
     JobNotFound(Uuid),
@@ -92,7 +103,7 @@ impl DbError {
     pub fn retry_class(&self) -> narrator_core::RetryClass {
         use narrator_core::RetryClass;
         match self {
-            Self::Unavailable(_) => RetryClass::Infrastructure,
+            Self::Unavailable(_) | Self::Tls { .. } => RetryClass::Infrastructure,
             Self::Query(e) => match e.as_database_error().and_then(|d| d.code()) {
                 Some(code) if server_trouble(&code) => RetryClass::Infrastructure,
                 Some(_) => RetryClass::Transient,
@@ -115,6 +126,7 @@ impl DbError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Unavailable(_) => "db_unavailable",
+            Self::Tls { .. } => "db_tls",
             Self::JobNotFound(_) => "job_not_found",
             Self::SegmentNotFound { .. } => "segment_not_found",
             Self::DuplicateSegment(_) => "duplicate_segment",
@@ -126,6 +138,15 @@ impl DbError {
             Self::Constraint { .. } => "db_constraint",
             Self::Query(_) => "db_query",
             Self::Migrate(_) => "db_migrate",
+        }
+    }
+
+    /// Classifies a failed connection: a refused certificate is [`DbError::Tls`],
+    /// anything else [`DbError::Unavailable`].
+    pub(crate) fn on_connect(e: sqlx::Error) -> Self {
+        match narrator_net::tls_problem(&e) {
+            Some(problem) => Self::Tls { problem, source: e },
+            None => Self::Unavailable(e),
         }
     }
 
@@ -151,6 +172,9 @@ impl DbError {
 
 impl From<sqlx::Error> for DbError {
     fn from(e: sqlx::Error) -> Self {
+        if let Some(problem) = narrator_net::tls_problem(&e) {
+            return Self::Tls { problem, source: e };
+        }
         match e {
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)

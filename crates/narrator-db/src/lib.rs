@@ -48,7 +48,10 @@ pub use uuid::Uuid;
 /// The schema's migrations (root `migrations/`), embedded at build time.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
-/// Connects a pool to `url` (`postgres://user@host:port/db`).
+/// Connects a pool to `url` (`postgres://user@host:port/db`). TLS as libpq: `sslmode`
+/// (`disable`, `prefer` (the default), `require`, `verify-ca`, `verify-full`) and
+/// `sslrootcert` in the URL or `PGSSLMODE` / `PGSSLROOTCERT`; certificates are checked
+/// against the system's store plus `sslrootcert`.
 pub async fn connect(url: &str) -> Result<PgPool, DbError> {
     let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(DbError::Unavailable)?;
     // No statement hangs for ever (a stuck query, a lock held by a dead session): the
@@ -63,7 +66,7 @@ pub async fn connect(url: &str) -> Result<PgPool, DbError> {
         .acquire_timeout(ACQUIRE_TIMEOUT)
         .connect_with(options)
         .await
-        .map_err(DbError::Unavailable)
+        .map_err(DbError::on_connect)
 }
 
 /// The longest a statement may run before the server cancels it.

@@ -10,16 +10,21 @@
 //!
 //! With an `endpoint` the client uses path-style addressing (`http://host:port/bucket/key`),
 //! which every S3-compatible test server understands. Credentials are the static pair from
-//! [`S3Config`] when given, else `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`
-//! (`AWS_SESSION_TOKEN` optional). The crate does not use `aws-config` (it would compile
-//! the STS client as well), so profile files, SSO and instance metadata are not consulted.
+//! [`S3Config`] when given, else the standard AWS chain (`aws-config`, without SSO):
+//! `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (`AWS_SESSION_TOKEN` optional), the shared
+//! profile files (`AWS_PROFILE`, `AWS_SHARED_CREDENTIALS_FILE`, `AWS_CONFIG_FILE`,
+//! `credential_process`), a web identity token (`AWS_WEB_IDENTITY_TOKEN_FILE` +
+//! `AWS_ROLE_ARN`, as Kubernetes service accounts mount it), container credentials
+//! (`AWS_CONTAINER_CREDENTIALS_*`) and instance metadata. HTTPS trusts the system's store
+//! plus [`S3Config::ca_file`] (`AWS_CA_BUNDLE`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use aws_sdk_s3::config::http::HttpResponse;
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, SharedHttpClient};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
@@ -53,8 +58,12 @@ pub struct S3Config {
     pub region: String,
     /// Static access key id; with `secret_access_key`. `None`: `AWS_ACCESS_KEY_ID`.
     pub access_key_id: Option<String>,
-    /// Static secret; never printed by `Debug`. `None`: `AWS_SECRET_ACCESS_KEY`.
+    /// Static secret; never printed by `Debug`. `None` (with `access_key_id`): the AWS
+    /// credential chain.
     pub secret_access_key: Option<String>,
+    /// CA certificates (PEM) trusted for HTTPS besides the system's store, for a
+    /// self-hosted server with a private CA.
+    pub ca_file: Option<PathBuf>,
     /// Prepended verbatim to every key, e.g. `narrator/`; may be empty.
     pub prefix: String,
     /// Outputs larger than this many bytes go up as multipart uploads (default 16 MiB).
@@ -71,6 +80,7 @@ impl Default for S3Config {
             region: "us-east-1".into(),
             access_key_id: None,
             secret_access_key: None,
+            ca_file: None,
             prefix: String::new(),
             multipart_threshold: 16 * MIB,
             part_size: 8 * MIB,
@@ -89,6 +99,7 @@ impl fmt::Debug for S3Config {
                 "secret_access_key",
                 &self.secret_access_key.as_ref().map(|_| "<redacted>"),
             )
+            .field("ca_file", &self.ca_file)
             .field("prefix", &self.prefix)
             .field("multipart_threshold", &self.multipart_threshold)
             .field("part_size", &self.part_size)
@@ -115,6 +126,21 @@ pub enum S3Error {
         endpoint: String,
         /// The operation, e.g. `head_bucket narrator`.
         action: String,
+        /// The SDK error.
+        #[source]
+        source: BoxError,
+    },
+    /// The TLS handshake failed: the server's certificate was refused.
+    #[error(
+        "TLS to the S3 endpoint {endpoint} failed ({action}): {problem}; for a private CA pass --s3-ca-file (or set AWS_CA_BUNDLE)"
+    )]
+    Tls {
+        /// The endpoint URL.
+        endpoint: String,
+        /// The operation.
+        action: String,
+        /// The cause, named.
+        problem: narrator_net::TlsProblem,
         /// The SDK error.
         #[source]
         source: BoxError,
@@ -253,10 +279,6 @@ fn config_err(reason: impl Into<String>) -> S3Error {
     }
 }
 
-fn env_nonempty(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
 /// `Content-Type` for an output, by extension.
 fn content_type_for(name: &str) -> &'static str {
     let ext = Path::new(name)
@@ -273,8 +295,75 @@ fn content_type_for(name: &str) -> &'static str {
     }
 }
 
+/// The HTTP(S) client: hyper + rustls on ring, trusting the system's CAs and `ca_file`.
+fn http_client(cfg: &S3Config) -> Result<SharedHttpClient, S3Error> {
+    use aws_smithy_http_client::tls;
+    let builder = aws_smithy_http_client::Builder::new().tls_provider(tls::Provider::Rustls(
+        tls::rustls_provider::CryptoMode::Ring,
+    ));
+    let Some(ca) = &cfg.ca_file else {
+        return Ok(builder.build_https());
+    };
+    let pem = std::fs::read(ca).map_err(|e| {
+        config_err(format!(
+            "cannot read the S3 CA file {}: {e}; give a PEM file (--s3-ca-file or AWS_CA_BUNDLE)",
+            ca.display()
+        ))
+    })?;
+    let context = tls::TlsContext::builder()
+        .with_trust_store(tls::TrustStore::default().with_pem_certificate(pem))
+        .build()
+        .map_err(|e| config_err(format!("the S3 CA file {}: {e}", ca.display())))?;
+    Ok(builder.tls_context(context).build_https())
+}
+
+/// The static pair when both halves are given, else the standard AWS chain, asked once
+/// now so that a missing credential is one clear error at start.
+async fn credentials(
+    cfg: &S3Config,
+    http: &SharedHttpClient,
+) -> Result<SharedCredentialsProvider, S3Error> {
+    match (&cfg.access_key_id, &cfg.secret_access_key) {
+        (Some(id), Some(secret)) => Ok(SharedCredentialsProvider::new(Credentials::new(
+            id,
+            secret,
+            None,
+            None,
+            "narrator-static",
+        ))),
+        (Some(_), None) | (None, Some(_)) => Err(config_err(
+            "give both the access key id and the secret access key, or neither (then the AWS credential chain is used: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile, a web identity token, container or instance credentials)",
+        )),
+        (None, None) => {
+            let sdk = aws_config::defaults(BehaviorVersion::latest())
+                .http_client(http.clone())
+                .region(Region::new(cfg.region.clone()))
+                .load()
+                .await;
+            let provider = sdk.credentials_provider().ok_or_else(|| {
+                config_err("the AWS credential chain is not available in this build")
+            })?;
+            if let Err(e) = provider.provide_credentials().await {
+                return Err(config_err(format!(
+                    "no S3 credentials: {}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or their *_FILE twins), AWS_PROFILE, or AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, or run where container or instance credentials exist",
+                    DisplayErrorContext(&e)
+                )));
+            }
+            Ok(provider)
+        }
+    }
+}
+
 impl S3AudioStore {
-    fn build(cfg: S3Config) -> Result<Self, S3Error> {
+    /// Checks the settings and makes the client (nothing is sent).
+    async fn new(cfg: S3Config) -> Result<Self, S3Error> {
+        Self::check_settings(&cfg)?;
+        let http = http_client(&cfg)?;
+        let credentials = credentials(&cfg, &http).await?;
+        Self::build(cfg, http, credentials)
+    }
+
+    fn check_settings(cfg: &S3Config) -> Result<(), S3Error> {
         if cfg.bucket.is_empty() {
             return Err(config_err("the bucket name is empty; pass --s3-bucket"));
         }
@@ -287,36 +376,14 @@ impl S3AudioStore {
                 cfg.part_size
             )));
         }
-        let credentials = match (&cfg.access_key_id, &cfg.secret_access_key) {
-            (Some(id), Some(secret)) => Credentials::new(id, secret, None, None, "narrator-static"),
-            (Some(_), None) | (None, Some(_)) => {
-                return Err(config_err(
-                    "give both the access key id and the secret access key, or neither (then AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are used)",
-                ));
-            }
-            (None, None) => match (
-                env_nonempty("AWS_ACCESS_KEY_ID"),
-                env_nonempty("AWS_SECRET_ACCESS_KEY"),
-            ) {
-                (Some(id), Some(secret)) => Credentials::new(
-                    id,
-                    secret,
-                    env_nonempty("AWS_SESSION_TOKEN"),
-                    None,
-                    "narrator-env",
-                ),
-                _ => {
-                    return Err(config_err(
-                        "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or pass --s3-access-key-id / --s3-secret-access-key)",
-                    ));
-                }
-            },
-        };
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-            ))
-            .build_https();
+        Ok(())
+    }
+
+    fn build(
+        cfg: S3Config,
+        http: SharedHttpClient,
+        credentials: SharedCredentialsProvider,
+    ) -> Result<Self, S3Error> {
         let mut builder = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(cfg.region.clone()))
@@ -364,7 +431,7 @@ impl S3AudioStore {
     /// Connects and checks with `HeadBucket` that the bucket exists and the credentials
     /// are accepted.
     pub async fn connect(cfg: S3Config) -> Result<Self, S3Error> {
-        let store = Self::build(cfg)?;
+        let store = Self::new(cfg).await?;
         store.check_bucket().await?;
         Ok(store)
     }
@@ -372,7 +439,7 @@ impl S3AudioStore {
     /// Like [`S3AudioStore::connect`], but creates the bucket when it is missing.
     pub async fn ensure_bucket(cfg: S3Config) -> Result<Self, S3Error> {
         let region = cfg.region.clone();
-        let store = Self::build(cfg)?;
+        let store = Self::new(cfg).await?;
         match store.check_bucket().await {
             Err(S3Error::NoSuchBucket { .. }) => {}
             other => return other.map(|()| store),
@@ -726,6 +793,14 @@ impl S3AudioStore {
             err,
             SdkError::DispatchFailure(_) | SdkError::TimeoutError(_)
         ) {
+            if let Some(problem) = narrator_net::tls_problem(&err) {
+                return S3Error::Tls {
+                    endpoint: self.endpoint.clone(),
+                    action,
+                    problem,
+                    source: Box::new(err),
+                };
+            }
             return S3Error::Unreachable {
                 endpoint: self.endpoint.clone(),
                 action,
@@ -869,15 +944,16 @@ mod tests {
         );
     }
 
-    #[test]
-    fn keys_and_content_types() {
-        let store = S3AudioStore::build(S3Config {
+    #[tokio::test]
+    async fn keys_and_content_types() {
+        let store = S3AudioStore::new(S3Config {
             endpoint: Some("http://127.0.0.1:1".into()),
             access_key_id: Some("a".into()),
             secret_access_key: Some("b".into()),
             prefix: "narrator/".into(),
             ..S3Config::default()
         })
+        .await
         .expect("build");
         assert_eq!(
             store.segment_key("j1", 42),
@@ -894,20 +970,22 @@ mod tests {
         assert_eq!(content_type_for("noext"), "application/octet-stream");
     }
 
-    #[test]
-    fn bad_settings_are_config_errors() {
-        let small = S3AudioStore::build(S3Config {
+    #[tokio::test]
+    async fn bad_settings_are_config_errors() {
+        let small = S3AudioStore::new(S3Config {
             part_size: MIB,
             access_key_id: Some("a".into()),
             secret_access_key: Some("b".into()),
             ..S3Config::default()
         })
+        .await
         .expect_err("small part");
         assert_eq!(small.kind(), "store_config");
-        let half = S3AudioStore::build(S3Config {
+        let half = S3AudioStore::new(S3Config {
             access_key_id: Some("a".into()),
             ..S3Config::default()
         })
+        .await
         .expect_err("half credentials");
         assert_eq!(SeamError::from(half).kind, "store_config");
     }

@@ -73,6 +73,8 @@ pub struct WorkerConfig {
     pub store: S3AudioStore,
     /// RabbitMQ URL (connected with automatic recovery).
     pub amqp_url: String,
+    /// CA certificates (PEM) trusted for `amqps://` besides the system's store.
+    pub amqp_ca_file: Option<std::path::PathBuf>,
     /// Device shown when no engine says (normally the first engine's).
     pub device: String,
     /// The hardware profile (JSON) for the worker's row.
@@ -168,6 +170,7 @@ impl Worker {
             pool,
             store,
             amqp_url,
+            amqp_ca_file,
             device,
             hardware,
             pack_max,
@@ -194,8 +197,12 @@ impl Worker {
             instance: Some(instance),
         };
         narrator_db::heartbeat(&pool, &first, 0).await?;
-        let conn =
-            narrator_broker::connect_named(&amqp_url, &format!("narrator-worker {id}")).await?;
+        let conn = narrator_broker::connect_with(
+            &amqp_url,
+            &format!("narrator-worker {id}"),
+            amqp_ca_file.as_deref(),
+        )
+        .await?;
         let channel = conn.create_channel().await.map_err(|e| BrokerError::Amqp {
             op: "channel.open".into(),
             source: e,

@@ -54,6 +54,7 @@ fn config(w: &World, synth: Synthesizer) -> WorkerConfig {
         pool: w.pool.clone(),
         store: w.store(),
         amqp_url: w.amqp_url.clone(),
+        amqp_ca_file: None,
         device: "cpu".into(),
         hardware: serde_json::json!({}),
         pack_max: 64,

@@ -117,6 +117,8 @@ pub(crate) struct TextArgs {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Command {
     /// Turn a book (.txt, .md, .epub) into an audiobook folder: one file per chapter, the
     /// whole book, and manifest.json. Interrupted runs resume where they stopped.
@@ -235,10 +237,17 @@ pub(crate) struct ServiceArgs {
         hide_default_value = true
     )]
     pub(crate) amqp_url: String,
+    /// CA certificates (PEM) trusted for amqps:// besides the system's store.
+    #[arg(long, env = "NARRATOR_AMQP_CA_FILE", value_name = "FILE")]
+    pub(crate) amqp_ca_file: Option<PathBuf>,
     /// S3 endpoint for S3-compatible servers (MinIO, ...); path-style addressing. Unset:
-    /// AWS. Credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY.
+    /// AWS. Credentials: the AWS chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a
+    /// profile, a web identity token, container or instance credentials).
     #[arg(long, env = "NARRATOR_S3_ENDPOINT")]
     pub(crate) s3_endpoint: Option<String>,
+    /// CA certificates (PEM) trusted for an https:// S3 endpoint besides the system's store.
+    #[arg(long, env = "AWS_CA_BUNDLE", value_name = "FILE")]
+    pub(crate) s3_ca_file: Option<PathBuf>,
     /// Bucket for segment audio and outputs.
     #[arg(long, env = "NARRATOR_S3_BUCKET", default_value = "narrator")]
     pub(crate) s3_bucket: String,

@@ -132,8 +132,24 @@ fn fix_malloc_mmap_threshold() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn fix_malloc_mmap_threshold() {}
 
+/// `NAME_FILE` variables (Docker and Kubernetes secrets mounted as files) become `NAME`
+/// before the flags are read, for the variables in [`narrator_net::FILE_SECRETS`].
+#[allow(unsafe_code)]
+fn read_file_secrets() -> Result<(), narrator_net::SecretError> {
+    let found = narrator_net::file_secrets(narrator_net::FILE_SECRETS, |k| std::env::var(k).ok())?;
+    for (name, value) in found {
+        // SAFETY: called first in `main`, before any other thread (runtime, logger) exists.
+        unsafe { std::env::set_var(name, value) };
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     fix_malloc_mmap_threshold();
+    if let Err(e) = read_file_secrets() {
+        eprintln!("error: {e}");
+        return std::process::ExitCode::from(2);
+    }
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -30,15 +30,16 @@ pub(crate) async fn database(args: &ServiceArgs) -> anyhow::Result<PgPool> {
 
 /// Connects to RabbitMQ (automatic recovery on).
 pub(crate) async fn broker(args: &ServiceArgs, name: &str) -> anyhow::Result<lapin::Connection> {
-    Ok(narrator_broker::connect_named(&args.amqp_url, name).await?)
+    Ok(narrator_broker::connect_with(&args.amqp_url, name, args.amqp_ca_file.as_deref()).await?)
 }
 
-/// The S3 settings from flags and environment (credentials from `AWS_*`).
+/// The S3 settings from flags and environment (credentials from the AWS chain).
 pub(crate) fn s3_config(args: &ServiceArgs) -> S3Config {
     S3Config {
         endpoint: args.s3_endpoint.clone(),
         bucket: args.s3_bucket.clone(),
         region: args.s3_region.clone(),
+        ca_file: args.s3_ca_file.clone(),
         ..S3Config::default()
     }
 }
@@ -48,9 +49,9 @@ pub(crate) async fn store(args: &ServiceArgs) -> anyhow::Result<S3AudioStore> {
     Ok(S3AudioStore::connect(s3_config(args)).await?)
 }
 
-/// A URL without its password.
+/// A URL without its password or password-like query parameters.
 pub(crate) fn redact(url: &str) -> String {
-    narrator_broker::redact(url)
+    narrator_net::redact(url)
 }
 
 /// How long presigned URLs printed by `status` stay valid.

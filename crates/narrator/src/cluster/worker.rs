@@ -216,6 +216,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         pool,
         store,
         amqp_url: args.services.amqp_url.clone(),
+        amqp_ca_file: args.services.amqp_ca_file.clone(),
         device: devices.first().cloned().unwrap_or_else(|| "cpu".into()),
         hardware: serde_json::to_value(&profile).unwrap_or_default(),
         pack_max: args.pack_max,
