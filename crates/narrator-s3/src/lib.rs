@@ -414,7 +414,8 @@ impl S3AudioStore {
                     )));
                 }
                 builder = builder.endpoint_url(url).force_path_style(true);
-                url.trim_end_matches('/').to_owned()
+                // Printed in errors and logs: without credentials.
+                narrator_net::redact(url.trim_end_matches('/'))
             }
             None => format!("https://s3.{}.amazonaws.com", cfg.region),
         };
