@@ -36,6 +36,9 @@ OUT="$(mktemp -d)"
 chmod 777 "$OUT"
 teardown() {
     pc down -v >/dev/null 2>&1 || true
+    # What `down` may leave (a container restarted by hand, its volume).
+    podman ps -aq --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME" | xargs -r podman rm -f >/dev/null 2>&1 || true
+    podman volume ls -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME" | xargs -r podman volume rm -f >/dev/null 2>&1 || true
     rm -rf "$OUT"
 }
 trap teardown EXIT
