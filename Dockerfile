@@ -17,6 +17,11 @@
 #   from-source    the two above; from-prebuilt: the same files from the build context
 #   cpu            debian slim + the shared libraries the binary links + the payload;
 #                  user narrator (10001), writable cache volume, health check
+#   gpu            cpu + ONNX Runtime's CUDA build (PyPI onnxruntime-gpu 1.31.1: CUDA 13,
+#                  cuDNN 9) + the CUDA user-space libraries from NVIDIA's PyPI wheels
+#                  (`ops/setup.sh --gpu`); the driver (libcuda) comes from the host through
+#                  the NVIDIA container toolkit. `docker build --target gpu -t narrator:gpu .`
+#   default        = cpu (the stage `docker build .` builds)
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 ARG RUST_IMAGE=rust:1-bookworm
 ARG NARRATOR_FROM=source
@@ -60,6 +65,21 @@ COPY .deps/espeak-ng-data /payload/deps/espeak-ng-data
 
 FROM from-${NARRATOR_FROM} AS payload
 
+FROM ${DEBIAN_IMAGE} AS deps-gpu
+WORKDIR /app
+COPY ops/setup.sh ops/setup.sh
+RUN bash ops/setup.sh --gpu && rm -rf /app/.deps/wheels /app/.deps/s3
+
+FROM scratch AS gpu-from-source
+COPY --from=deps-gpu /app/.deps/onnxruntime-gpu /payload/onnxruntime-gpu
+COPY --from=deps-gpu /app/.deps/cuda /payload/cuda
+
+FROM scratch AS gpu-from-prebuilt
+COPY .deps/onnxruntime-gpu /payload/onnxruntime-gpu
+COPY .deps/cuda /payload/cuda
+
+FROM gpu-from-${NARRATOR_FROM} AS gpu-payload
+
 ############################# cpu #############################
 FROM ${DEBIAN_IMAGE} AS cpu
 # Shared libraries of the binary (ldd: libespeak-ng.so.1, libopus.so.0, libmp3lame.so.0)
@@ -90,3 +110,19 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
 # SIGTERM (docker stop) makes the worker finish the batches in flight, then exit.
 STOPSIGNAL SIGTERM
 CMD ["narrator", "worker"]
+
+############################# gpu #############################
+FROM cpu AS gpu
+COPY --from=gpu-payload /payload/onnxruntime-gpu /app/.deps/onnxruntime-gpu
+COPY --from=gpu-payload /payload/cuda /app/.deps/cuda
+# The CUDA build of ONNX Runtime, and where its provider finds CUDA and cuDNN. The NVIDIA
+# container toolkit mounts the driver's libcuda.so.1 when the container gets a GPU
+# (`--gpus`, compose's device reservations, Kubernetes' nvidia.com/gpu).
+ENV NARRATOR_ONNXRUNTIME=/app/.deps/onnxruntime-gpu/libonnxruntime.so.1.31.1 \
+    LD_LIBRARY_PATH=/app/.deps/cuda/lib:/app/.deps/onnxruntime-gpu \
+    NARRATOR_DEVICE=auto \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+
+########################### default ###########################
+FROM cpu AS default

@@ -5,6 +5,8 @@
 # ops/setup.sh fetched). On a machine with a registry: `docker build -t narrator:cpu .`.
 #
 #   bash ops/images.sh            # -> localhost/narrator:cpu
+#   bash ops/images.sh --gpu      # also localhost/narrator:gpu (built, cannot run here:
+#                                 # no GPU; ~2.4 GB of CUDA libraries from PyPI)
 #
 # Installs podman, buildah, runc and debootstrap from Debian when missing (as root), and
 # writes /etc/containers/containers.conf when there is none (runc; crun fails on these
@@ -13,6 +15,16 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 say() { printf 'images: %s\n' "$*"; }
+GPU=0
+for arg in "$@"; do
+    case "$arg" in
+        --gpu) GPU=1 ;;
+        *)
+            echo "images: unknown option '$arg' (known: --gpu)" >&2
+            exit 2
+            ;;
+    esac
+done
 cd "$ROOT"
 
 need=()
@@ -53,3 +65,12 @@ podman build --format docker --target cpu \
     --build-arg NARRATOR_FROM=prebuilt \
     -t localhost/narrator:cpu .
 say "built: $(podman image inspect localhost/narrator:cpu --format '{{.Size}}') bytes"
+if ((GPU)); then
+    bash ops/setup.sh --gpu >/dev/null
+    say "building localhost/narrator:gpu"
+    podman build --format docker --target gpu \
+        --build-arg DEBIAN_IMAGE=localhost/debian:bookworm \
+        --build-arg NARRATOR_FROM=prebuilt \
+        -t localhost/narrator:gpu .
+    say "built: $(podman image inspect localhost/narrator:gpu --format '{{.Size}}') bytes"
+fi

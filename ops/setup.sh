@@ -4,6 +4,9 @@
 #   ops/setup.sh               system packages + .deps/ (ONNX Runtime, voice, espeak-ng data)
 #   ops/setup.sh --with-piper  also .deps/piper-venv with the reference Piper (benchmarks,
 #                              regenerating crates/narrator-phonemes/tests/fixtures)
+#   ops/setup.sh --gpu         also ONNX Runtime's CUDA build (PyPI onnxruntime-gpu, for
+#                              CUDA 13 and cuDNN 9) and the CUDA 13 / cuDNN 9 user-space
+#                              libraries from NVIDIA's PyPI wheels (the GPU image)
 #
 # Idempotent and safe to interrupt: every artefact is extracted into a temporary
 # directory and moved into place; .deps/ok is written last. A second run with
@@ -15,6 +18,9 @@
 #   voices/en_US-joe-medium.onnx, .onnx.json, MODEL_CARD
 #   espeak-ng-data/                  Piper's espeak-ng data; espeak_Initialize path = .deps
 #   piper-venv/                      only with --with-piper
+#   onnxruntime-gpu/libonnxruntime.so.1.31.1 (+ the CUDA provider)  only with --gpu
+#   cuda/lib/                        CUDA runtime, cuBLAS, cuFFT, cuRAND, NVRTC, nvJitLink,
+#                                    cuDNN shared libraries; only with --gpu
 #   s3/s3s-fs/bin/s3s-fs             S3-compatible test server (cargo install; ops/s3-server.sh)
 #   ok                               stamp: versions and sizes of the main files
 set -euo pipefail
@@ -47,15 +53,22 @@ S3S_FS_VERSION=0.14.1
 # -----------------------------------------------------------------------------------------
 
 WITH_PIPER=0
+WITH_GPU=0
+# --gpu: ONNX Runtime's CUDA build and the CUDA user-space libraries it loads (its
+# wheel's `cuda` and `cudnn` extras).
+ORT_GPU_VERSION=1.31.1
+CUDA_WHEELS=("nvidia-cuda-nvrtc~=13.0" "nvidia-cuda-runtime~=13.0" "nvidia-cufft~=12.0"
+    "nvidia-curand~=10.0" "nvidia-cudnn-cu13~=9.0")
 for arg in "$@"; do
     case "$arg" in
         --with-piper) WITH_PIPER=1 ;;
+        --gpu) WITH_GPU=1 ;;
         -h | --help)
             sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
-            echo "setup: unknown option '$arg' (known: --with-piper, --help)" >&2
+            echo "setup: unknown option '$arg' (known: --with-piper, --gpu, --help)" >&2
             exit 2
             ;;
     esac
@@ -249,6 +262,52 @@ if ((WITH_PIPER)); then
             || die "pip install into $VENV failed (is PyPI reachable for numpy, protobuf, ...?)"
         "$VENV/bin/piper" --help >/dev/null || die "$VENV/bin/piper does not run"
         echo "$VENV_TEXT" >"$VENV_STAMP"
+    fi
+fi
+
+# ---- 4b. optional GPU runtime --------------------------------------------------------------
+GPU_STAMP="$DEPS/onnxruntime-gpu/.narrator-ok"
+GPU_TEXT="onnxruntime-gpu=$ORT_GPU_VERSION ${CUDA_WHEELS[*]}"
+if ((WITH_GPU)); then
+    if [[ -f "$GPU_STAMP" && "$(cat "$GPU_STAMP")" == "$GPU_TEXT" && -d "$DEPS/cuda/lib" ]]; then
+        step "GPU runtime: present ($GPU_TEXT)"
+    else
+        rm -f "$GPU_STAMP"
+        fetch_wheel onnxruntime-gpu "$ORT_GPU_VERSION"
+        step "extract onnxruntime-gpu $ORT_GPU_VERSION -> .deps/onnxruntime-gpu"
+        extract_members "$(wheel_path onnxruntime-gpu "$ORT_GPU_VERSION")" "$DEPS/onnxruntime-gpu" \
+            "onnxruntime/capi/" '^libonnxruntime'
+        ln -sfn "libonnxruntime.so.$ORT_GPU_VERSION" "$DEPS/onnxruntime-gpu/libonnxruntime.so"
+        step "CUDA user-space wheels: ${CUDA_WHEELS[*]}"
+        mkdir -p "$WHEELS/cuda"
+        python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+            --python-version "$PY_VERSION" --platform "$PY_PLATFORM" --platform manylinux_2_27_x86_64 \
+            --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+            "${CUDA_WHEELS[@]}" -d "$WHEELS/cuda" || die "pip download of the CUDA wheels failed"
+        tmp="$(mktemp -d "$DEPS/.tmp-cuda.XXXXXX")"
+        chmod 755 "$tmp"
+        python3 - "$tmp" "$WHEELS"/cuda/nvidia_*.whl <<'PY' || { rm -rf "$tmp"; die "extracting the CUDA libraries failed"; }
+import os, shutil, sys, zipfile
+out, wheels = sys.argv[1], sys.argv[2:]
+n = 0
+for wheel in wheels:
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            parts = info.filename.split("/")
+            # nvidia/<package>/lib/<library>.so*
+            if len(parts) == 4 and parts[0] == "nvidia" and parts[2] == "lib" and ".so" in parts[3]:
+                with z.open(info) as src, open(os.path.join(out, parts[3]), "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                os.chmod(os.path.join(out, parts[3]), 0o755)
+                n += 1
+if n == 0:
+    sys.exit("no CUDA libraries in the wheels")
+PY
+        rm -rf "$DEPS/cuda"
+        mkdir -p "$DEPS/cuda"
+        mv "$tmp" "$DEPS/cuda/lib"
+        echo "$GPU_TEXT" >"$GPU_STAMP"
+        step "GPU runtime: .deps/onnxruntime-gpu ($(du -sh "$DEPS/onnxruntime-gpu" | cut -f1)), .deps/cuda/lib ($(du -sh "$DEPS/cuda/lib" | cut -f1))"
     fi
 fi
 
