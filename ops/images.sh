@@ -58,19 +58,18 @@ fi
 
 [[ -x target/release/narrator ]] || cargo build --release --locked -p narrator
 [[ -f .deps/ok ]] || bash ops/setup.sh
-say "building localhost/narrator:cpu"
-# Docker's image format keeps HEALTHCHECK (podman's default, OCI, drops it).
-podman build --format docker --target cpu \
-    --build-arg DEBIAN_IMAGE=localhost/debian:bookworm \
-    --build-arg NARRATOR_FROM=prebuilt \
-    -t localhost/narrator:cpu .
-say "built: $(podman image inspect localhost/narrator:cpu --format '{{.Size}}') bytes"
-if ((GPU)); then
-    bash ops/setup.sh --gpu >/dev/null
-    say "building localhost/narrator:gpu"
-    podman build --format docker --target gpu \
+# The Dockerfile's target $1 as localhost/narrator:$1, from the prebuilt payload. Docker's
+# image format keeps HEALTHCHECK (podman's default, OCI, drops it).
+build_target() {
+    say "building localhost/narrator:$1"
+    podman build --format docker --target "$1" \
         --build-arg DEBIAN_IMAGE=localhost/debian:bookworm \
         --build-arg NARRATOR_FROM=prebuilt \
-        -t localhost/narrator:gpu .
-    say "built: $(podman image inspect localhost/narrator:gpu --format '{{.Size}}') bytes"
+        -t "localhost/narrator:$1" .
+    say "built localhost/narrator:$1: $(podman image inspect "localhost/narrator:$1" --format '{{.Size}}') bytes"
+}
+build_target cpu
+if ((GPU)); then
+    bash ops/setup.sh --gpu >/dev/null
+    build_target gpu
 fi
