@@ -49,6 +49,7 @@ sleep 1 # the stats collector
 after="$(pg)"
 amqp="$(rabbitmqctl -q list_connections vhost recv_oct send_oct recv_cnt send_cnt | awk -v v="$TAG" '$1 == v {print $2, $3, $4, $5}' | head -n1)"
 segments="$("${PSQL[@]}" -d "$TAG" -c "SELECT segments_total FROM jobs WHERE id = '$job'")"
+scans="$("${PSQL[@]}" -d "$TAG" -F ' ' -c "SELECT relname, seq_scan, seq_tup_read FROM pg_stat_user_tables WHERE seq_tup_read > 0 ORDER BY seq_tup_read DESC LIMIT 4")"
 jobdir="$ROOT/.deps/s3/data/${NARRATOR_S3_BUCKET:-narrator}/jobs/$job"
 packs="$(find "$jobdir" -path '*packs*' -type f | wc -l)"
 pack_bytes="$(find "$jobdir" -path '*packs*' -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')"
@@ -71,3 +72,4 @@ print(f"rabbitmq (worker connection): {send_cnt / n:.2f} socket writes / {send_o
 print(f"s3: {packs} packs = {n / max(packs, 1):.1f} segments per PUT (and per assembly GET), "
       f"{pack_bytes / n:.0f} bytes per segment; {outputs} outputs, {out_bytes} bytes")
 PY
+echo "postgres sequential scans (table, scans, rows read): $(echo "$scans" | paste -sd ';' -)"
