@@ -194,12 +194,17 @@ fn read_cached(path: &std::path::Path) -> Option<Calibration> {
 
 fn write_cached(path: &std::path::Path, c: &Calibration) {
     let write = || -> std::io::Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(c).unwrap_or_default())?;
-        std::fs::rename(&tmp, path)
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        // A temporary file of its own: workers that share the cache (one volume, several
+        // containers, each its own PID 1) may write the same calibration at once.
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        // Readable by every user, as a plainly written file would be (tempfile makes 0600).
+        #[cfg(unix)]
+        tmp.as_file()
+            .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        std::io::Write::write_all(&mut tmp, &serde_json::to_vec_pretty(c).unwrap_or_default())?;
+        tmp.persist(path).map(|_| ()).map_err(|e| e.error)
     };
     if let Err(e) = write() {
         tracing::warn!(path = %path.display(), error = %e, "cannot cache the calibration");
