@@ -89,6 +89,15 @@ struct FakeAws {
     _rt: tokio::runtime::Runtime,
 }
 
+/// A request header's value as text (empty when absent).
+fn header(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
 fn credentials_json(id: &str, secret: &str) -> String {
     format!(
         r#"{{"Code":"Success","Type":"AWS-HMAC","AccessKeyId":"{id}","SecretAccessKey":"{secret}","Token":"session-token","Expiration":"2099-01-01T00:00:00Z","LastUpdated":"2026-12-03T00:00:00Z"}}"#
@@ -130,11 +139,7 @@ impl FakeAws {
                 get({
                     let creds = creds.clone();
                     move |State(log): State<Log>, headers: HeaderMap| async move {
-                        let auth = headers
-                            .get("authorization")
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("")
-                            .to_owned();
+                        let auth = header(&headers, "authorization");
                         log.lock().expect("log").push(format!("container {auth}"));
                         ([("content-type", "application/json")], creds)
                     }
@@ -158,11 +163,7 @@ impl FakeAws {
                 "/latest/meta-data/iam/security-credentials/narrator-node-role",
                 get({
                     move |State(log): State<Log>, headers: HeaderMap| async move {
-                        let token = headers
-                            .get("x-aws-ec2-metadata-token")
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("")
-                            .to_owned();
+                        let token = header(&headers, "x-aws-ec2-metadata-token");
                         log.lock().expect("log").push(format!("imds role {token}"));
                         ([("content-type", "application/json")], creds)
                     }
