@@ -3,7 +3,9 @@
 # against the real voice and ONNX Runtime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash ops/setup.sh
+# --gpu: ONNX Runtime's CUDA build and the CUDA wheels; tests/gpu.rs checks on this
+# GPU-less machine what doctor says of them and how `--device auto` falls back.
+bash ops/setup.sh --gpu
 # The observability tests scrape a worker with a real Prometheus and check the alert
 # rules with promtool (both in Debian's `prometheus` package).
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then

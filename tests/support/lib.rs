@@ -260,7 +260,10 @@ impl World {
     /// `narrator` with this world's services and data folder, and no test hooks.
     pub fn cmd(&self) -> Command {
         let mut c = Command::new(narrator_bin());
+        // The CPU build (tests/gpu.rs sets NARRATOR_ORT_BUILD=auto for the CUDA build's
+        // fallback on this GPU-less machine).
         c.env("NARRATOR_DATA_DIR", root().join(".deps"))
+            .env("NARRATOR_ORT_BUILD", "cpu")
             .env("NARRATOR_DATABASE_URL", &self.db_url)
             .env("NARRATOR_AMQP_URL", &self.amqp_url)
             .envs(self.s3_endpoint.iter().map(|e| ("NARRATOR_S3_ENDPOINT", e)))
@@ -301,7 +304,8 @@ impl World {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let text = self.worker_log(id);
-            if text.contains(" ready") {
+            // The worker's own line, not a log line such as "engine ready".
+            if text.contains(&format!("worker {id} ready")) {
                 return i;
             }
             if let Ok(Some(status)) = self.workers[i].try_wait() {

@@ -15,6 +15,7 @@
 //! migration that creates them; they are what a user queries with plain SQL.
 
 mod bench;
+mod calibrations;
 mod cluster;
 mod error;
 mod jobs;
@@ -23,6 +24,7 @@ mod store;
 mod workers;
 
 pub use bench::{BenchRow, StoredBench, bench_table_exists, fleet_bench, record_bench};
+pub use calibrations::{StoredCalibration, list_calibrations, put_calibration};
 pub use cluster::{
     DeliveryHistory, DeliveryKey, JobSettings, Output, Rescue, RetryOutcome, SegmentCheck,
     StoredJob, VoiceGauges, abandoned_jobs, assembly_attempts, check_deliveries, check_segment,

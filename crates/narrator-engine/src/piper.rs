@@ -35,6 +35,11 @@ pub struct SessionOptions {
     pub spin: bool,
     /// What ONNX Runtime's CPU arena does between runs; shared by a pool's sessions.
     pub cpu_arena: Arc<ArenaPolicy>,
+    /// Pad every batch to a multiple of this many phoneme tokens (1: to the longest item
+    /// exactly). On CUDA, cuDNN rebuilds a convolution's plan whenever the input shape
+    /// changes, so fewer distinct lengths (16 by default there) save that per-run cost;
+    /// the audio is the same, as padding is masked by `input_lengths` and trimmed.
+    pub pad_multiple: usize,
 }
 
 /// What ONNX Runtime's CPU memory arena does between runs. A VITS run's memory grows
@@ -129,6 +134,7 @@ pub struct PiperEngine {
     has_frames: bool,
     has_sid: bool,
     device: Device,
+    pad_multiple: usize,
 }
 
 impl std::fmt::Debug for PiperEngine {
@@ -201,13 +207,10 @@ impl PiperEngine {
         shrinking
             .set("memory.enable_memory_arena_shrinkage", "cpu:0")
             .map_err(ort_err("enabling arena shrinkage"))?;
-        if opts.cpu_arena.mode() == CpuArena::Off {
-            builder = builder
-                .with_execution_providers([ort::ep::CPU::default()
-                    .with_arena_allocator(false)
-                    .build()])
-                .map_err(|e| ort_err("turning the CPU arena off")(e.into()))?;
-        }
+        // Providers in priority order, registered in one call: CUDA first, so that no
+        // node it can run lands on the CPU provider (registering the CPU provider first,
+        // as for `--cpu-arena off`, would put the whole graph on the CPU).
+        let mut providers = Vec::new();
         if let Device::Cuda(id) = device {
             let cuda = ort::ep::CUDA::default()
                 .with_device_id(id as i32)
@@ -216,10 +219,15 @@ impl PiperEngine {
                 Some(limit) => cuda.with_memory_limit(limit),
                 None => cuda,
             };
-            let cuda = cuda.build().error_on_failure();
+            providers.push(cuda.build().error_on_failure());
+        }
+        if opts.cpu_arena.mode() == CpuArena::Off {
+            providers.push(ort::ep::CPU::default().with_arena_allocator(false).build());
+        }
+        if !providers.is_empty() {
             builder = builder
-                .with_execution_providers([cuda])
-                .map_err(|e| ort_err("registering the CUDA execution provider")(e.into()))?;
+                .with_execution_providers(providers)
+                .map_err(|e| ort_err("registering the execution providers")(e.into()))?;
         }
         let session = builder
             .commit_from_memory(&bytes)
@@ -233,6 +241,7 @@ impl PiperEngine {
             has_frames,
             has_sid,
             device,
+            pad_multiple: opts.pad_multiple.max(1),
         })
     }
 }
@@ -270,7 +279,12 @@ impl Backend for PiperEngine {
             return Err(EngineError::EmptyItem { index: i });
         }
         let b = items.len();
-        let t = items.iter().map(|it| it.len()).max().unwrap_or(0);
+        let t = items
+            .iter()
+            .map(|it| it.len())
+            .max()
+            .unwrap_or(0)
+            .next_multiple_of(self.pad_multiple);
         let mut ids = vec![0i64; b * t];
         for (row, it) in items.iter().enumerate() {
             ids[row * t..row * t + it.len()].copy_from_slice(it);

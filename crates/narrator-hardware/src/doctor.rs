@@ -63,8 +63,12 @@ pub struct RuntimeFacts {
     pub version: Option<String>,
     /// Whether it has the CUDA execution provider.
     pub cuda_provider: bool,
-    /// The CUDA major version its CUDA build needs, if known, e.g. 12.
+    /// The CUDA major version its CUDA build needs, if known, e.g. 13.
     pub cuda_major: Option<u32>,
+    /// The CUDA build's needed libraries, resolved as the loader would
+    /// ([`crate::cuda::inspect`]); `None` for a CPU build or when not inspected.
+    #[serde(default)]
+    pub cuda_build: Option<crate::cuda::CudaBuild>,
 }
 
 /// The version in an ONNX Runtime library's file name: "1.22.0" from
@@ -89,7 +93,8 @@ pub fn version_from_library_path(path: &Path) -> Option<String> {
 ///
 /// Returns the findings in checklist order: GPU availability, per-GPU checks (NUMA
 /// affinity, persistence mode, power limit, thermals/throttling), the ONNX Runtime
-/// checks, then host memory, swap, available memory and cgroup limits.
+/// checks (CUDA provider, its libraries, driver vs build), per-GPU compute capability,
+/// PCIe link and ECC, then host memory, swap, available memory and cgroup limits.
 pub fn diagnose(profile: &HardwareProfile, runtime: Option<&RuntimeFacts>) -> Vec<Finding> {
     let mut out = Vec::new();
     check_gpu_available(profile, &mut out);
@@ -100,7 +105,13 @@ pub fn diagnose(profile: &HardwareProfile, runtime: Option<&RuntimeFacts>) -> Ve
         check_thermal(gpu, &mut out);
     }
     check_cuda_provider(profile, runtime, &mut out);
+    check_cuda_libraries(profile, runtime, &mut out);
     check_cuda_driver(profile, runtime, &mut out);
+    for gpu in &profile.gpus {
+        check_compute_capability(gpu, runtime, &mut out);
+        check_pcie_link(gpu, &mut out);
+        check_ecc(gpu, &mut out);
+    }
     check_ram_vs_vram(profile, &mut out);
     check_swap(profile, &mut out);
     check_memory_available(profile, &mut out);
@@ -403,7 +414,250 @@ fn check_cuda_provider(
             ),
             "This is a CPU-only ONNX Runtime build: the worker would run on the CPU while the \
              GPUs sit idle.",
-            "Install onnxruntime-gpu (ops/gpu-check.sh shows how) and pass --onnxruntime PATH.",
+            "Run `bash ops/setup.sh --gpu` (ONNX Runtime's CUDA build into .deps/onnxruntime-gpu, \
+             which narrator then picks for --device auto/cuda:N), or pass --onnxruntime PATH.",
+        ));
+    }
+}
+
+/// 8b. The CUDA build's needed libraries (ELF `DT_NEEDED`, resolved as the loader would).
+/// An error with GPUs present; a warning without (`--device auto` runs on the CPU then).
+fn check_cuda_libraries(
+    profile: &HardwareProfile,
+    runtime: Option<&RuntimeFacts>,
+    out: &mut Vec<Finding>,
+) {
+    let Some(build) = runtime.and_then(|rt| rt.cuda_build.as_ref()) else {
+        return;
+    };
+    let total = build.libraries.len();
+    let missing: Vec<&crate::cuda::NeededLibrary> = build.missing().collect();
+    let versions = format!(
+        "CUDA {}, cuDNN {}",
+        build
+            .cuda_major
+            .map_or_else(|| "?".to_owned(), |v| v.to_string()),
+        build
+            .cudnn_major
+            .map_or_else(|| "?".to_owned(), |v| v.to_string())
+    );
+    if missing.is_empty() {
+        out.push(finding(
+            "cuda_libraries",
+            Severity::Ok,
+            format!(
+                "all {total} libraries {} needs resolve ({versions})",
+                build.provider.display()
+            ),
+            "The CUDA execution provider can load.",
+            "",
+        ));
+        return;
+    }
+    let names: Vec<String> = missing
+        .iter()
+        .map(|l| format!("{} (needed by {})", l.name, l.needed_by))
+        .collect();
+    let mut pypi: Vec<&str> = missing
+        .iter()
+        .filter_map(|l| {
+            l.provided_by
+                .strip_prefix("PyPI ")
+                .and_then(|p| p.split(';').next())
+        })
+        .collect();
+    pypi.sort_unstable();
+    pypi.dedup();
+    let mut fixes = Vec::new();
+    if !pypi.is_empty() {
+        fixes.push(format!(
+            "run `bash ops/setup.sh --gpu` (unpacks the PyPI wheels {} into .deps/cuda/lib, \
+             which narrator loads first), or put the folders that hold them on \
+             LD_LIBRARY_PATH or NARRATOR_CUDA_LIBS",
+            pypi.join(", ")
+        ));
+    }
+    if missing.iter().any(|l| l.name.starts_with("libcuda.so")) {
+        fixes.push(
+            "libcuda.so.1 comes with the NVIDIA driver, not a wheel: install the driver on \
+             the host (or run the container with the NVIDIA container toolkit)"
+                .to_owned(),
+        );
+    }
+    let other: Vec<&str> = missing
+        .iter()
+        .filter(|l| l.provided_by.contains("system"))
+        .map(|l| l.name.as_str())
+        .collect();
+    if !other.is_empty() {
+        fixes.push(format!(
+            "install the system packages that provide {}",
+            other.join(", ")
+        ));
+    }
+    out.push(finding(
+        "cuda_libraries",
+        if profile.gpus.is_empty() {
+            Severity::Warning
+        } else {
+            Severity::Error
+        },
+        format!(
+            "{} of {total} libraries the CUDA build needs are missing ({versions}): {}",
+            missing.len(),
+            names.join(", ")
+        ),
+        "ONNX Runtime opens the CUDA provider only when a session asks for CUDA, so a \
+         missing library fails the first job (or `--device auto` falls back to the CPU).",
+        capitalize(&fixes.join("; ")),
+    ));
+}
+
+/// The oldest compute capability a CUDA major version's builds run on.
+fn min_compute_capability(cuda_major: u32) -> Option<(i32, i32)> {
+    match cuda_major {
+        // CUDA 13 dropped Maxwell, Pascal and Volta.
+        13.. => Some((7, 5)),
+        12 => Some((5, 0)),
+        _ => None,
+    }
+}
+
+/// 9. A GPU older than the CUDA build supports.
+fn check_compute_capability(gpu: &GpuInfo, runtime: Option<&RuntimeFacts>, out: &mut Vec<Finding>) {
+    let (Some(cc), Some(need)) = (gpu.compute_capability, runtime.and_then(|rt| rt.cuda_major))
+    else {
+        return;
+    };
+    let Some((min_major, min_minor)) = min_compute_capability(need) else {
+        return;
+    };
+    let label = gpu_label(gpu);
+    if (cc.major, cc.minor) >= (min_major, min_minor) {
+        out.push(finding(
+            "gpu_compute_capability",
+            Severity::Ok,
+            format!(
+                "{label}: compute capability {}.{} (CUDA {need} needs {min_major}.{min_minor}+)",
+                cc.major, cc.minor
+            ),
+            "The CUDA build has kernels for this GPU.",
+            "",
+        ));
+    } else {
+        out.push(finding(
+            "gpu_compute_capability",
+            Severity::Error,
+            format!(
+                "{label}: compute capability {}.{}, below the {min_major}.{min_minor} that \
+                 CUDA {need} builds support",
+                cc.major, cc.minor
+            ),
+            "The CUDA provider would fail with 'no kernel image is available' on the first \
+             run.",
+            format!(
+                "Use an ONNX Runtime build for an older CUDA (onnxruntime-gpu for CUDA 12 \
+                 supports {}.{}+) with --onnxruntime PATH, or run this GPU's workers with \
+                 --device cpu.",
+                min_compute_capability(12).map_or(5, |c| c.0),
+                min_compute_capability(12).map_or(0, |c| c.1)
+            ),
+        ));
+    }
+}
+
+/// 10. A PCIe link narrower (or slower) than the card and slot allow.
+fn check_pcie_link(gpu: &GpuInfo, out: &mut Vec<Finding>) {
+    let (Some(gen_now), Some(gen_max), Some(w), Some(w_max)) = (
+        gpu.pcie_generation,
+        gpu.pcie_max_generation,
+        gpu.pcie_width,
+        gpu.pcie_max_width,
+    ) else {
+        return;
+    };
+    let label = gpu_label(gpu);
+    let i = gpu.index;
+    let measured = format!("{label}: PCIe gen{gen_now} x{w} (max gen{gen_max} x{w_max})");
+    if w < w_max {
+        out.push(finding(
+            "gpu_pcie_link",
+            Severity::Warning,
+            measured,
+            "Fewer lanes than the card and slot support divide host-to-device bandwidth (a \
+             riser, a shared slot or a badly seated card); batches wait on copies.",
+            format!(
+                "Reseat the card or move it to a full x{w_max} slot; check \
+                 `nvidia-smi -i {i} -q -d PCIE` and `lspci -vv` (LnkSta vs LnkCap)."
+            ),
+        ));
+    } else if gen_now < gen_max {
+        out.push(finding(
+            "gpu_pcie_link",
+            Severity::Info,
+            measured,
+            "GPUs lower the link generation while idle to save power; below the maximum \
+             under load it would slow copies.",
+            format!(
+                "Check again under load: `nvidia-smi -i {i} --query-gpu=pcie.link.gen.current \
+                 --format=csv` while a job runs; if it stays low, check the BIOS PCIe setting."
+            ),
+        ));
+    } else {
+        out.push(finding(
+            "gpu_pcie_link",
+            Severity::Ok,
+            measured,
+            "The link runs at its full width and generation.",
+            "",
+        ));
+    }
+}
+
+/// 11. ECC: uncorrected errors, or a mode change waiting for a reset.
+fn check_ecc(gpu: &GpuInfo, out: &mut Vec<Finding>) {
+    let Some(enabled) = gpu.ecc_enabled else {
+        return;
+    };
+    let label = gpu_label(gpu);
+    let i = gpu.index;
+    let errors = gpu.ecc_uncorrected_errors.unwrap_or(0);
+    if errors > 0 {
+        out.push(finding(
+            "gpu_ecc",
+            Severity::Error,
+            format!("{label}: {errors} uncorrected ECC error(s) since the driver loaded"),
+            "Uncorrected memory errors corrupt results or kill CUDA contexts; the board needs \
+             its pages retired (or remapped) by a reset.",
+            format!(
+                "Drain the GPU, then `nvidia-smi -i {i} -r` (or reboot) and watch \
+                 `nvidia-smi -i {i} -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER`; replace the \
+                 board if errors return."
+            ),
+        ));
+    } else if gpu.ecc_pending.is_some_and(|p| p != enabled) {
+        out.push(finding(
+            "gpu_ecc",
+            Severity::Warning,
+            format!(
+                "{label}: ECC {} now, {} after the next reset",
+                if enabled { "on" } else { "off" },
+                if enabled { "off" } else { "on" }
+            ),
+            "A pending ECC change alters usable memory (ECC keeps some) and so the plan, at \
+             the next reset.",
+            format!("Reset the GPU (`nvidia-smi -i {i} -r`) or reboot before calibrating."),
+        ));
+    } else {
+        out.push(finding(
+            "gpu_ecc",
+            Severity::Ok,
+            format!(
+                "{label}: ECC {}, no uncorrected errors",
+                if enabled { "on" } else { "off" }
+            ),
+            "",
+            "",
         ));
     }
 }
@@ -872,6 +1126,9 @@ mod tests {
             pci_bus_id: Some(format!("0000:{:02x}:00.0", 0x3b + index)),
             numa_node: Some(0),
             cpu_affinity: Some("0-31".into()),
+            ecc_enabled: Some(true),
+            ecc_pending: Some(true),
+            ecc_uncorrected_errors: Some(0),
         }
     }
 
@@ -942,6 +1199,7 @@ mod tests {
             version: Some("1.22.0".into()),
             cuda_provider,
             cuda_major,
+            cuda_build: None,
         }
     }
 
@@ -1159,7 +1417,7 @@ mod tests {
         let findings = diagnose(&p, Some(&rt));
         let f = only(&findings, "onnxruntime_cuda_provider");
         assert_eq!(f.severity, Severity::Error);
-        assert!(f.fix.to_lowercase().contains("install onnxruntime-gpu"));
+        assert!(f.fix.to_lowercase().contains("ops/setup.sh --gpu"));
         assert!(f.fix.contains("--onnxruntime PATH"));
         // The driver check needs a CUDA build; it does not apply.
         assert!(with_check(&findings, "cuda_driver_version").is_empty());

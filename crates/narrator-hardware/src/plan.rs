@@ -156,7 +156,8 @@ pub struct Calibration {
     pub sessions: usize,
     /// The measured batch sizes, smallest first (empty when supplied by hand).
     pub points: Vec<CalibrationPoint>,
-    /// Where it came from: "measured", "cache" or "supplied".
+    /// Where it came from: "measured", "cache", "catalog" (a calibration of this GPU
+    /// model, shipped or from the fleet: [`crate::catalog`]) or "supplied".
     pub source: String,
     /// Thread layouts measured on CPU (one session using every core, one single-threaded
     /// session per core); empty when the layout was fixed by flags or on a GPU.

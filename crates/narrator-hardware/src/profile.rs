@@ -14,7 +14,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
-use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor, TemperatureThreshold};
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
+};
 use nvml_wrapper::error::NvmlError;
 use serde::{Deserialize, Serialize};
 use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
@@ -201,6 +203,16 @@ pub struct GpuInfo {
     pub numa_node: Option<i32>,
     /// CPUs close to the GPU (NVML's ideal CPU affinity), e.g. "0-15,32-47".
     pub cpu_affinity: Option<String>,
+    /// Whether ECC is on now; `None` where the board has no ECC (or NVML did not say).
+    #[serde(default)]
+    pub ecc_enabled: Option<bool>,
+    /// The ECC mode after the next reboot/reset (differs from `ecc_enabled` when a change
+    /// is pending).
+    #[serde(default)]
+    pub ecc_pending: Option<bool>,
+    /// Uncorrected ECC errors since the driver loaded (volatile counter).
+    #[serde(default)]
+    pub ecc_uncorrected_errors: Option<u64>,
 }
 
 impl HardwareProfile {
@@ -818,6 +830,7 @@ fn gpu_info(
             .and_then(|t| parse_numa_node(&t))
     });
     let watts = |mw: u32| f64::from(mw) / 1000.0;
+    let ecc = device.is_ecc_enabled().ok();
     GpuInfo {
         index,
         name: device.name().unwrap_or_else(|_| "unknown GPU".to_owned()),
@@ -862,6 +875,13 @@ fn gpu_info(
         pci_bus_id,
         numa_node,
         cpu_affinity: gpu_cpu_affinity(device, logical_cores),
+        ecc_enabled: ecc.as_ref().map(|e| e.currently_enabled),
+        ecc_pending: ecc.as_ref().map(|e| e.pending_enabled),
+        ecc_uncorrected_errors: ecc.as_ref().and_then(|_| {
+            device
+                .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                .ok()
+        }),
     }
 }
 
@@ -1180,6 +1200,9 @@ mod tests {
             pci_bus_id: None,
             numa_node: None,
             cpu_affinity: None,
+            ecc_enabled: None,
+            ecc_pending: None,
+            ecc_uncorrected_errors: None,
         };
         profile.gpus = vec![gpu.clone(), GpuInfo { index: 1, ..gpu }];
         profile.gpu_probe = GpuProbe {

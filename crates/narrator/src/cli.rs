@@ -24,6 +24,17 @@ pub(crate) struct Global {
     /// The ONNX Runtime shared library (default: DATA_DIR/onnxruntime/libonnxruntime.so.*).
     #[arg(long, env = "NARRATOR_ONNXRUNTIME", global = true)]
     pub(crate) onnxruntime: Option<PathBuf>,
+    /// Which ONNX Runtime build to load when --onnxruntime is not given: `auto` (the CUDA
+    /// build from `ops/setup.sh --gpu` for --device auto/cuda:N when installed, else the
+    /// CPU build), `cpu` or `cuda`.
+    #[arg(
+        long,
+        env = "NARRATOR_ORT_BUILD",
+        global = true,
+        value_enum,
+        default_value = "auto"
+    )]
+    pub(crate) ort_build: crate::gpu::OrtBuild,
     /// Folder of Piper voices (default: DATA_DIR/voices).
     #[arg(long, env = "NARRATOR_VOICES_DIR", global = true)]
     pub(crate) voices_dir: Option<PathBuf>,
@@ -57,7 +68,7 @@ pub(crate) struct EngineArgs {
     /// Where to run: auto (CUDA when available), cpu, cuda:N.
     #[arg(long, env = "NARRATOR_DEVICE", default_value = "auto")]
     pub(crate) device: String,
-    /// Threads inside each ONNX Runtime session (default: all cores on CPU).
+    /// Threads inside each ONNX Runtime session (default: all cores on CPU, 1 on CUDA).
     #[arg(long, env = "NARRATOR_INTRA_THREADS")]
     pub(crate) intra_threads: Option<usize>,
     /// Engine sessions, one thread each (default: on CPU the calibration measures one
@@ -77,6 +88,11 @@ pub(crate) struct EngineArgs {
     /// as out of memory, which halves the batch budget).
     #[arg(long, env = "NARRATOR_GPU_MEM_LIMIT_MIB")]
     pub(crate) gpu_mem_limit_mib: Option<usize>,
+    /// Pad each batch's phoneme ids to a multiple of N tokens (default: 16 on CUDA, where
+    /// cuDNN re-plans every new input shape; 1 on CPU, where padding is only extra work).
+    /// The audio does not change.
+    #[arg(long, env = "NARRATOR_PAD_TO", value_name = "N")]
+    pub(crate) pad_to: Option<usize>,
     /// Idle ONNX Runtime threads sleep instead of spinning: leaves CPU to services on the
     /// same machine (S3, Postgres, RabbitMQ); spinning is faster when inference is alone.
     #[arg(long, env = "NARRATOR_NO_SPIN")]
@@ -212,6 +228,14 @@ pub(crate) struct PlanArgs {
     /// Memory per padded token in bytes, instead of calibrating (simulated GPUs only).
     #[arg(long)]
     pub(crate) bytes_per_token: Option<f64>,
+    /// A calibration of a GPU model (JSON, as `calibration_full` in `--json`), used for
+    /// that model besides the shipped ones and the fleet's (repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) calibration: Vec<PathBuf>,
+    /// Postgres holding the fleet's calibrations by GPU model: read for every GPU
+    /// planned, and written when this run measured one on a GPU.
+    #[arg(long, env = "NARRATOR_DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
 }

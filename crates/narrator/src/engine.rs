@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use narrator_engine::{
     ArenaPolicy, Backend, Device, EnginePool, MemoryLimit, PiperEngine, PoolOptions, Scales,
-    SessionOptions, Voice, load_runtime,
+    SessionOptions, Voice,
 };
-use narrator_hardware::{Calibration, DeviceSpec, HardwareProfile, Plan, PlanLimits};
+use narrator_hardware::{Calibration, Catalog, DeviceSpec, HardwareProfile, Plan, PlanLimits};
 use narrator_phonemes::Phonemizer;
 use narrator_pipeline::{Budget, CalibrateOptions, Synthesizer, calibrate};
 
@@ -28,6 +28,8 @@ pub(crate) struct Loaded {
     pub(crate) runtime: Option<String>,
     /// The sessions' CPU arena policy: settle it once warmed up.
     pub(crate) arena: Arc<ArenaPolicy>,
+    /// Why `--device auto` runs on the CPU although a GPU or a CUDA build is here.
+    pub(crate) device_fallback: Option<String>,
 }
 
 impl Loaded {
@@ -36,6 +38,9 @@ impl Loaded {
         let b = self.synth.budget();
         let mut v = serde_json::to_value(&self.plan).unwrap_or_default();
         if let Some(o) = v.as_object_mut() {
+            if let Some(why) = &self.device_fallback {
+                o.insert("device_fallback".into(), why.clone().into());
+            }
             o.insert("max_batch_tokens".into(), b.max_tokens.into());
             o.insert("max_batch_requests".into(), b.max_requests.into());
             o.insert("max_wait_ms".into(), (b.max_wait.as_millis() as u64).into());
@@ -118,6 +123,9 @@ pub(crate) const MAX_ITEM_TOKENS: usize = narrator_pipeline::synth::MAX_PHONEMES
 /// Sentence-sized calibration items, in padded tokens.
 pub(crate) const ITEM_TOKENS: usize = 128;
 
+/// The model name of a GPU NVML does not describe: never shared with the fleet.
+pub(crate) const UNKNOWN_GPU: &str = "unknown GPU";
+
 /// The device as the planner sees it: the GPU's memory from NVML, or this machine's cores
 /// and available memory (cgroup limits included).
 pub(crate) fn device_spec(device: Device, profile: &HardwareProfile) -> DeviceSpec {
@@ -129,9 +137,11 @@ pub(crate) fn device_spec(device: Device, profile: &HardwareProfile) -> DeviceSp
                 total_bytes: g.memory_total_bytes,
                 free_bytes: g.memory_free_bytes,
             },
-            // CUDA without NVML (or a test's claimed GPU): plan as an unknown 16 GiB card.
+            // CUDA without NVML (or a test's claimed GPU): plan as an unknown 16 GiB card
+            // (tests name the model with NARRATOR_TEST_GPU_MODEL).
             None => DeviceSpec::Gpu {
-                name: "unknown GPU".into(),
+                name: std::env::var("NARRATOR_TEST_GPU_MODEL")
+                    .unwrap_or_else(|_| UNKNOWN_GPU.into()),
                 index: i,
                 total_bytes: 16 << 30,
                 free_bytes: 15 << 30,
@@ -227,23 +237,49 @@ pub(crate) fn load(
     voice: Voice,
     planning: Planning,
 ) -> anyhow::Result<Loaded> {
-    let device: Device = args.device.parse().map_err(anyhow::Error::msg)?;
-    let rt = load_runtime(&paths.onnxruntime)?;
+    load_with(paths, args, voice, planning, &Catalog::default())
+}
+
+/// [`load`], with calibrations by GPU model: on a GPU whose model `catalog` knows, the
+/// plan comes from that calibration and nothing is measured (unless `planning` is
+/// [`Planning::Recalibrate`]).
+pub(crate) fn load_with(
+    paths: &Paths,
+    args: &EngineArgs,
+    voice: Voice,
+    planning: Planning,
+    catalog: &Catalog,
+) -> anyhow::Result<Loaded> {
+    let selected = crate::gpu::runtime(paths, &args.device)?;
+    let rt = selected.rt;
+    let device: Device = selected
+        .device_spec(&args.device)
+        .parse()
+        .map_err(anyhow::Error::msg)?;
     let arena = ArenaPolicy::new(args.cpu_arena);
     let profile = narrator_hardware::probe();
     let cores = profile.cpu.usable_cores.max(1);
     // The thread layout is measured on CPU unless a flag fixes it.
     let auto_layout = args.sessions.is_none() && args.intra_threads.is_none();
     let mut sessions = args.sessions.unwrap_or(1).max(1);
+    // On a GPU the CPU threads only feed it: one non-spinning intra-op thread per session
+    // leaves the cores to the phonemizer and the encoders; padded lengths are rounded to
+    // 16 tokens so cuDNN sees few distinct shapes.
+    let on_gpu = match device {
+        Device::Cuda(_) => true,
+        Device::Auto => rt.cuda_available,
+        Device::Cpu => false,
+    };
     let mut intra = args
         .intra_threads
-        .unwrap_or_else(|| (cores / sessions).max(1));
+        .unwrap_or_else(|| if on_gpu { 1 } else { (cores / sessions).max(1) });
     let session = SessionOptions {
         intra_threads: intra,
         device,
         gpu_mem_limit: args.gpu_mem_limit_mib.map(|m| m << 20),
-        spin: !args.no_spin,
+        spin: !args.no_spin && !on_gpu,
         cpu_arena: arena.clone(),
+        pad_multiple: args.pad_to.unwrap_or(if on_gpu { 16 } else { 1 }).max(1),
     };
     let pool = match test_memory_limit() {
         None => EnginePool::start(
@@ -298,15 +334,29 @@ pub(crate) fn load(
                     gpu_mem_limit: None,
                     spin: !args.no_spin,
                     cpu_arena: arena.clone(),
+                    pad_multiple: 1,
                 },
             },
         )
         .with_context(|| format!("loading voice {name} with {sessions} sessions"))
     };
     let limits = PlanLimits::default();
+    let known = match &spec {
+        DeviceSpec::Gpu { .. } => catalog.find(&name, &spec.model(), &runtime),
+        DeviceSpec::Cpu { .. } => None,
+    };
+    let known_origin = known.map(|(_, o)| o.0.clone());
     let cached = match planning {
         Planning::Recalibrate => None,
-        _ => read_cached(&cache),
+        _ => match known {
+            Some((c, _)) => {
+                let mut c = c.clone();
+                c.source = "catalog".into();
+                c.device_model = spec.model();
+                Some(c)
+            }
+            None => read_cached(&cache),
+        },
     };
     let calibration = match (cached, planning) {
         (Some(c), _) => {
@@ -390,6 +440,16 @@ pub(crate) fn load(
         }
     };
     let mut plan = match &calibration {
+        Some(c) if c.source == "catalog" => {
+            let mut p = narrator_hardware::plan(&spec, c, &limits);
+            p.reason = format!(
+                "calibration of {} from {}: {}",
+                spec.model(),
+                known_origin.as_deref().unwrap_or("the catalog"),
+                p.reason
+            );
+            p
+        }
         Some(c) => narrator_hardware::plan(&spec, c, &limits),
         None => {
             // No calibration: the measured CPU default (one item per run), or a
@@ -441,6 +501,7 @@ pub(crate) fn load(
             gpu_mem_limit: None,
             spin: !args.no_spin,
             cpu_arena: arena.clone(),
+            pad_multiple: 1,
         };
         synth = synth.with_fallback(Box::new(move || {
             let pool = EnginePool::start(
@@ -463,6 +524,7 @@ pub(crate) fn load(
         profile: Some(profile),
         runtime: Some(runtime).filter(|r| r != "unknown"),
         arena,
+        device_fallback: selected.fallback.clone(),
     })
 }
 
@@ -543,6 +605,7 @@ pub(crate) fn load_null(
         profile: None,
         runtime: None,
         arena: ArenaPolicy::new(args.cpu_arena),
+        device_fallback: None,
     })
 }
 

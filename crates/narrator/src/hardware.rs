@@ -3,30 +3,21 @@
 
 use anyhow::Context;
 use narrator_hardware::{
-    Calibration, DeviceSpec, Plan, PlanLimits, RuntimeFacts, Severity, diagnose,
+    Calibration, Catalog, DeviceSpec, Plan, PlanLimits, RuntimeFacts, Severity, diagnose,
 };
+
+use crate::cluster::{self, fleet};
 
 use crate::cli::{DoctorArgs, PlanArgs};
 use crate::engine::{self, Planning};
 use crate::paths::Paths;
-
-/// CUDA major version the PyPI onnxruntime-gpu 1.19+ wheels are built for.
-const ORT_GPU_CUDA_MAJOR: u32 = 12;
 
 /// `narrator doctor`: the profile and the checklist; exit status 1 when a check failed
 /// with severity error.
 pub(crate) fn doctor(global: &crate::cli::Global, args: DoctorArgs) -> anyhow::Result<()> {
     let profile = narrator_hardware::probe();
     // The runtime is optional here: doctor must work on a machine that is not set up.
-    let runtime = Paths::resolve(global)
-        .ok()
-        .and_then(|p| narrator_engine::load_runtime(&p.onnxruntime).ok())
-        .map(|rt| RuntimeFacts {
-            library: rt.library.display().to_string(),
-            version: narrator_hardware::doctor::version_from_library_path(&rt.library),
-            cuda_provider: rt.cuda_available,
-            cuda_major: rt.cuda_available.then_some(ORT_GPU_CUDA_MAJOR),
-        });
+    let runtime = Paths::resolve(global).ok().and_then(|p| runtime_facts(&p));
     let findings = diagnose(&profile, runtime.as_ref());
     if args.json {
         let mut v = serde_json::to_value(&profile).context("encoding the profile")?;
@@ -52,6 +43,48 @@ pub(crate) fn doctor(global: &crate::cli::Global, args: DoctorArgs) -> anyhow::R
         anyhow::bail!("doctor found {errors} problem(s) of severity error (see above)");
     }
     Ok(())
+}
+
+/// What doctor checks: the CUDA build a GPU worker would load (read from its files,
+/// not loaded, with every needed library resolved), else the CPU build, loaded.
+fn runtime_facts(paths: &Paths) -> Option<RuntimeFacts> {
+    let gpu_lib = match (&paths.explicit_onnxruntime, paths.ort_build) {
+        (Some(lib), _) => Some(lib.clone()),
+        (None, crate::gpu::OrtBuild::Cpu) => None,
+        (None, _) => paths.onnxruntime_gpu.clone(),
+    };
+    let cuda_dir = gpu_lib
+        .as_deref()
+        .and_then(std::path::Path::parent)
+        .filter(|d| narrator_hardware::cuda::is_cuda_build(d));
+    if let (Some(lib), Some(dir)) = (&gpu_lib, cuda_dir) {
+        let build = match crate::gpu::inspect(paths, dir) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                println!("CUDA build at {}: {e:#}", dir.display());
+                None
+            }
+        };
+        return Some(RuntimeFacts {
+            library: lib.display().to_string(),
+            version: narrator_hardware::doctor::version_from_library_path(lib),
+            cuda_provider: true,
+            cuda_major: build.as_ref().and_then(|b| b.cuda_major),
+            cuda_build: build,
+        });
+    }
+    let lib = paths
+        .explicit_onnxruntime
+        .clone()
+        .unwrap_or_else(|| paths.onnxruntime.clone());
+    let rt = narrator_engine::load_runtime(&lib).ok()?;
+    Some(RuntimeFacts {
+        library: rt.library.display().to_string(),
+        version: narrator_hardware::doctor::version_from_library_path(&rt.library),
+        cuda_provider: rt.cuda_available,
+        cuda_major: None,
+        cuda_build: None,
+    })
 }
 
 /// Parses `NAME:GIB` (the name may contain colons; the last field is the size).
@@ -105,13 +138,25 @@ fn print_plan_with(
 }
 
 /// `narrator plan`.
-pub(crate) fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow::Result<()> {
+pub(crate) async fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow::Result<()> {
     let simulated: Vec<DeviceSpec> = args
         .simulate_gpu
         .iter()
         .map(|s| parse_simulated(s))
         .collect::<anyhow::Result<_>>()?;
     let limits = PlanLimits::default();
+    // Calibrations by GPU model: shipped, then files, then the fleet's (the later wins).
+    let mut catalog = Catalog::shipped()?;
+    for f in &args.calibration {
+        catalog.add_file(f)?;
+    }
+    let db = match &args.database_url {
+        Some(url) => Some(fleet::connect(url).await?),
+        None => None,
+    };
+    if let Some(db) = &db {
+        fleet::load_into(db, &mut catalog).await?;
+    }
     let calibration: Calibration = match args.bytes_per_token {
         Some(b) if b > 0.0 && b.is_finite() => {
             Calibration::supplied(&args.engine.voice, b, engine::ITEM_TOKENS)
@@ -124,11 +169,18 @@ pub(crate) fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow::Resul
                 Some(p) => p.parse()?,
                 None => Planning::Calibrate,
             };
-            let loaded = engine::load(&paths, &args.engine, voice, planning)?;
-            print_plan_with("this machine", &loaded.plan, loaded.plan_json(), args.json)?;
+            let loaded = engine::load_with(&paths, &args.engine, voice, planning, &catalog)?;
+            let mut v = loaded.plan_json();
+            if let (Some(o), Some(c)) = (v.as_object_mut(), &loaded.calibration) {
+                o.insert("calibration_full".into(), serde_json::to_value(c)?);
+            }
+            print_plan_with("this machine", &loaded.plan, v, args.json)?;
             let c = loaded
                 .calibration
                 .context("no calibration was measured or cached; run without --calibrate cached")?;
+            if let (Some(db), true) = (&db, c.source == "measured" && c.device_model != "cpu") {
+                fleet::store(db, &c, &cluster::host_name()).await?;
+            }
             if !args.json {
                 println!(
                     "  calibration ({}, {:.1} s): {:.2} MiB per padded token, {:.0} MiB fixed",
@@ -157,14 +209,18 @@ pub(crate) fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow::Resul
             c
         }
     };
+    let runtime = calibration.runtime.clone();
     for d in &simulated {
-        let p = narrator_hardware::plan(d, &calibration, &limits);
-        let label = format!(
-            "simulated {} ({} bytes/token from {})",
-            d.model(),
-            calibration.bytes_per_token.round(),
-            calibration.source
-        );
+        let p = catalog.plan(d, &args.engine.voice, &runtime, &calibration, &limits);
+        let label = match catalog.find(&args.engine.voice, &d.model(), &runtime) {
+            Some(_) => format!("simulated {}", d.model()),
+            None => format!(
+                "simulated {} ({} bytes/token from {})",
+                d.model(),
+                calibration.bytes_per_token.round(),
+                calibration.source
+            ),
+        };
         print_plan(&label, &p, args.json)?;
     }
     Ok(())

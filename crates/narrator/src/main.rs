@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod cluster;
 mod engine;
+mod gpu;
 mod hardware;
 mod paths;
 mod progress;
@@ -86,7 +87,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Retry(a) => cluster::admin::retry(a).await,
         Command::Migrate(a) => cluster::admin::migrate(a).await,
         Command::Doctor(a) => hardware::doctor(&cli.global, a),
-        Command::Plan(a) => hardware::plan(&cli.global, a),
+        Command::Plan(a) => hardware::plan(&cli.global, a).await,
         Command::Bench(a) => bench::bench(&cli.global, a).await,
     }
 }

@@ -11,7 +11,16 @@ use crate::cli::Global;
 #[derive(Debug, Clone)]
 pub(crate) struct Paths {
     pub(crate) voices: PathBuf,
+    /// The CPU build (`DATA_DIR/onnxruntime/libonnxruntime.so.*`), or `--onnxruntime`.
     pub(crate) onnxruntime: PathBuf,
+    /// `--onnxruntime`, when given: loaded whatever the device.
+    pub(crate) explicit_onnxruntime: Option<PathBuf>,
+    /// The CUDA build (`DATA_DIR/onnxruntime-gpu/libonnxruntime.so.*`), when installed.
+    pub(crate) onnxruntime_gpu: Option<PathBuf>,
+    /// `--ort-build`.
+    pub(crate) ort_build: crate::gpu::OrtBuild,
+    /// The data folder (`.deps`).
+    pub(crate) data: PathBuf,
     pub(crate) espeak_parent: PathBuf,
     /// Calibrations and other measured facts (DATA_DIR/cache).
     pub(crate) cache: PathBuf,
@@ -70,6 +79,11 @@ impl Paths {
             }
         };
         let espeak_parent = need("espeak-ng data")?;
+        let onnxruntime_gpu =
+            newest_runtime(&espeak_parent.join("onnxruntime-gpu")).filter(|lib| {
+                lib.parent()
+                    .is_some_and(narrator_hardware::cuda::is_cuda_build)
+            });
         if !espeak_parent.join("espeak-ng-data").is_dir() {
             return Err(anyhow::anyhow!(
                 "espeak-ng data is missing in {}: run `bash ops/setup.sh`",
@@ -81,6 +95,10 @@ impl Paths {
         Ok(Self {
             voices,
             onnxruntime,
+            explicit_onnxruntime: g.onnxruntime.clone(),
+            onnxruntime_gpu,
+            ort_build: g.ort_build,
+            data: espeak_parent.clone(),
             espeak_parent,
             cache,
         })

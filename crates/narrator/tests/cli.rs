@@ -14,7 +14,10 @@ fn narrator() -> Command {
         "voices missing: run `bash ops/setup.sh` first"
     );
     let mut c = Command::new(env!("CARGO_BIN_EXE_narrator"));
+    // The CPU build, whatever `ops/setup.sh --gpu` installed: the GPU-less fallback of
+    // `--device auto` (one warning line) has its own tests (tests/gpu.rs).
     c.env("NARRATOR_DATA_DIR", deps)
+        .env("NARRATOR_ORT_BUILD", "cpu")
         .env_remove("NARRATOR_VOICE");
     c
 }

@@ -186,6 +186,14 @@ pub(crate) async fn workers(args: WorkersArgs) -> anyhow::Result<()> {
             opt(w.recent_median_rtf, 3),
             w.info.plan
         );
+        // One plan per voice and device; a fallback to the CPU is said on its own line.
+        let plans = w.info.plan.as_array().cloned().unwrap_or_default();
+        let mut said = std::collections::BTreeSet::new();
+        for why in plans.iter().filter_map(|p| p["device_fallback"].as_str()) {
+            if said.insert(why.to_owned()) {
+                println!("  on the CPU instead of a GPU: {why}");
+            }
+        }
     }
     Ok(())
 }

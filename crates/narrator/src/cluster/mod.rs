@@ -3,6 +3,7 @@
 //! RabbitMQ, audio goes to S3; the pipeline is the embedded one with these seams.
 
 pub(crate) mod admin;
+pub(crate) mod fleet;
 pub(crate) mod submit;
 pub(crate) mod worker;
 

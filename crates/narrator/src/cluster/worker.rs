@@ -99,6 +99,10 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         .close(200, "checked".into())
         .await
         .ok();
+    // Calibrations by GPU model: shipped, then the fleet's (a worker on a known model
+    // plans from it instead of calibrating).
+    let mut catalog = narrator_hardware::Catalog::shipped()?;
+    cluster::fleet::load_into(&pool, &mut catalog).await?;
     let mut loaded_engines: Vec<VoiceEngine> = Vec::new();
     let mut devices = Vec::new();
     // One engine, plan and consumer per voice and device: `--device cuda:0,cuda:1`, or
@@ -108,13 +112,17 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         let targets = if null_engine {
             vec![eargs.device.clone()]
         } else {
-            let rt = narrator_engine::load_runtime(&paths.onnxruntime)?;
+            let selected = crate::gpu::runtime(paths, &eargs.device)?;
             let gpus: Vec<u32> = narrator_hardware::probe()
                 .gpus
                 .iter()
                 .map(|g| g.index)
                 .collect();
-            engine::expand_devices(&eargs.device, rt.cuda_available, &gpus)?
+            engine::expand_devices(
+                selected.device_spec(&eargs.device),
+                selected.rt.cuda_available,
+                &gpus,
+            )?
         };
         for device in targets {
             let mut e = eargs.clone();
@@ -131,7 +139,14 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
                 Some(p) => p.parse()?,
                 None => engine::Planning::Calibrate,
             };
-            let loaded = engine::load(paths, &eargs, voice, planning)?;
+            let loaded = engine::load_with(paths, &eargs, voice, planning, &catalog)?;
+            if let Some(c) = loaded.calibration.as_ref().filter(|c| {
+                c.source == "measured"
+                    && loaded.plan.device.starts_with("cuda")
+                    && c.device_model != engine::UNKNOWN_GPU
+            }) {
+                cluster::fleet::store(&pool, c, &worker_id).await?;
+            }
             // One batch at the full budget before consuming: a plan too large for the
             // device fails (or shrinks) here, not in the middle of a book.
             let secs = tokio::task::block_in_place(|| {
