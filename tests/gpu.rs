@@ -145,6 +145,10 @@ fn auto_falls_back_to_cpu_with_one_warning_and_cuda_fails_in_one_line() {
         std::fs::metadata(&wav).expect("wav").len() > 10_000,
         "no audio"
     );
+    assert!(
+        !err.contains('\u{1b}'),
+        "no colour codes off a terminal: {err:?}"
+    );
     let warnings: Vec<&str> = err.lines().filter(|l| l.contains("WARN")).collect();
     assert_eq!(warnings.len(), 1, "one warning: {err}");
     assert!(

@@ -125,8 +125,10 @@ pub fn init(options: &Options) -> Result<Telemetry, TelemetryError> {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
     };
     let log_layer = match options.log_format {
+        // Colours only on a terminal: a log file or a pipe gets plain text.
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_filter(filter())
             .boxed(),
         LogFormat::Json => json::JsonLayer::stderr().with_filter(filter()).boxed(),
