@@ -61,21 +61,8 @@ say() { printf 'gpu-bundle: %s\n' "$*" >&2; }
 die() { printf 'gpu-bundle: ERROR: %s\n' "$*" >&2; exit 1; }
 
 # ---- tools ------------------------------------------------------------------------------
-need_apt=()
-command -v zstd >/dev/null || need_apt+=(zstd)
-{ command -v strip >/dev/null && command -v objdump >/dev/null; } || need_apt+=(binutils)
-if ((${#need_apt[@]})); then
-    say "installing ${need_apt[*]} (apt)"
-    SUDO=()
-    if [[ "$(id -u)" != 0 ]]; then
-        command -v sudo >/dev/null || die "not root and no sudo: install ${need_apt[*]} as root"
-        SUDO=(sudo)
-    fi
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
-fi
 for t in zstd strip objdump ldd sha256sum split tar; do
-    command -v "$t" >/dev/null || die "$t is missing"
+    command -v "$t" >/dev/null || die "$t is missing: run \`bash ops/setup.sh --gpu\` (it installs zstd and binutils)"
 done
 
 # ---- inputs -------------------------------------------------------------------------------

@@ -86,6 +86,8 @@ die() {
 }
 
 # ---- 1. Debian packages -------------------------------------------------------------------
+# --gpu: also what ops/gpu-bundle.sh packs with (zstd; strip and objdump from binutils).
+((WITH_GPU)) && APT_PACKAGES+=(zstd binutils)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     # "install ok installed" is the only state that means the package is usable.

@@ -397,27 +397,18 @@ pub fn inspect(ort_dir: &Path, paths: &LoaderPaths) -> Result<CudaBuild, Inspect
     for n in &deps.needed {
         walk.visit(n, PROVIDER_LIBRARY, &deps);
     }
-    // Opened at run time, not linked: the driver (by the CUDA runtime) and cuDNN's parts
-    // (by libcudnn, from its own folder first).
-    let runtime_opened = ElfDeps::default();
-    if walk
-        .libraries
-        .iter()
-        .any(|l| l.name.starts_with("libcudart.so"))
-    {
-        walk.visit(
-            "libcuda.so.1",
-            "libcudart (opened at run time)",
-            &runtime_opened,
-        );
-    }
-    // ONNX Runtime's CUDA 12/13 builds open cuDNN 9 themselves (not in DT_NEEDED: the
-    // name is built at run time), so it is checked like a linked library.
+    // Opened at run time, not linked: the driver (by the CUDA runtime); cuDNN 9, which
+    // ONNX Runtime's CUDA 12/13 builds open themselves (the name is built at run time, so
+    // it is not in DT_NEEDED); and cuDNN's parts (by libcudnn, from its own folder first).
     let cuda_major = walk
         .libraries
         .iter()
         .find(|l| l.name.starts_with("libcudart.so."))
         .and_then(|l| soname_major(&l.name));
+    if cuda_major.is_some() {
+        let none = ElfDeps::default();
+        walk.visit("libcuda.so.1", "libcudart (opened at run time)", &none);
+    }
     if cuda_major.is_some_and(|m| m >= 12) {
         walk.visit(
             "libcudnn.so.9",
@@ -445,16 +436,15 @@ pub fn inspect(ort_dir: &Path, paths: &LoaderPaths) -> Result<CudaBuild, Inspect
             walk.visit(part, "libcudnn.so.9 (opened at run time)", &own_dir);
         }
     }
-    let major_of = |prefix: &str| {
-        walk.libraries
-            .iter()
-            .find(|l| l.name.starts_with(prefix))
-            .and_then(|l| soname_major(&l.name))
-    };
+    let cudnn_major = walk
+        .libraries
+        .iter()
+        .find(|l| l.name.starts_with("libcudnn.so."))
+        .and_then(|l| soname_major(&l.name));
     Ok(CudaBuild {
         provider,
         cuda_major,
-        cudnn_major: major_of("libcudnn.so."),
+        cudnn_major,
         libraries: walk.libraries,
         load_order: walk.load_order,
     })

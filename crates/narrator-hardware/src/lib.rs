@@ -21,5 +21,5 @@ pub use catalog::Catalog;
 pub use doctor::{Finding, RuntimeFacts, Severity, diagnose};
 pub use plan::{Calibration, CalibrationPoint, DeviceSpec, LayoutPoint, Plan, PlanLimits, plan};
 pub use profile::{
-    CpuInfo, GpuInfo, HardwareProfile, MemoryInfo, THROTTLE_REASONS, probe, sample_gpus,
+    CpuInfo, GpuInfo, HardwareProfile, MemoryInfo, THROTTLE_REASONS, gpus_now, probe, sample_gpus,
 };

@@ -730,8 +730,14 @@ fn nvml_unavailable_reason(error: &NvmlError) -> String {
 /// reasons), for live metrics; empty without NVML or a GPU. Blocking (NVML calls): run it
 /// off the async runtime's threads.
 pub fn sample_gpus() -> Vec<GpuInfo> {
+    gpus_now().0
+}
+
+/// The GPUs NVML sees now and, when none, why: the GPU part of [`probe`] without its
+/// 200 ms swap sample (for decisions at start-up).
+pub fn gpus_now() -> (Vec<GpuInfo>, GpuProbe) {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    probe_gpus(cores).0
+    probe_gpus(cores)
 }
 
 /// Probes the GPUs NVML sees. `logical_cores` sizes the CPU affinity mask.

@@ -81,12 +81,9 @@ fn cuda_problem(paths: &Paths, ort_dir: &Path) -> anyhow::Result<(Option<String>
     if let Some(p) = build.problem() {
         return Ok((Some(p), build));
     }
-    let profile = narrator_hardware::probe();
-    if profile.gpus.is_empty() {
-        let why = profile
-            .gpu_probe
-            .reason
-            .unwrap_or_else(|| "no GPU found".into());
+    let (gpus, probe) = narrator_hardware::gpus_now();
+    if gpus.is_empty() {
+        let why = probe.reason.unwrap_or_else(|| "no GPU found".into());
         return Ok((Some(format!("NVML lists no GPU ({why})")), build));
     }
     Ok((None, build))
@@ -105,9 +102,10 @@ pub(crate) fn runtime(paths: &Paths, spec: &str) -> anyhow::Result<&'static Sele
         .ok_or_else(|| anyhow::anyhow!("the runtime choice vanished (a bug)"))
 }
 
-fn select(paths: &Paths, spec: &str) -> anyhow::Result<Selected> {
-    let (may_gpu, insists) = wants(spec);
-    let gpu_lib = match (&paths.explicit_onnxruntime, paths.ort_build) {
+/// The CUDA build a GPU device would load: `--onnxruntime` when it is one, else the
+/// installed one unless `--ort-build cpu`; `None` when there is none to load.
+pub(crate) fn cuda_library(paths: &Paths) -> anyhow::Result<Option<PathBuf>> {
+    Ok(match (&paths.explicit_onnxruntime, paths.ort_build) {
         (Some(lib), _) => lib
             .parent()
             .filter(|d| cuda::is_cuda_build(d))
@@ -121,8 +119,13 @@ fn select(paths: &Paths, spec: &str) -> anyhow::Result<Selected> {
                 paths.data.join("onnxruntime-gpu").display()
             ),
         },
-        (None, OrtBuild::Auto) => paths.onnxruntime_gpu.clone().filter(|_| may_gpu),
-    };
+        (None, OrtBuild::Auto) => paths.onnxruntime_gpu.clone(),
+    })
+}
+
+fn select(paths: &Paths, spec: &str) -> anyhow::Result<Selected> {
+    let (may_gpu, insists) = wants(spec);
+    let gpu_lib = cuda_library(paths)?;
     let cpu_lib = paths
         .explicit_onnxruntime
         .clone()
@@ -132,7 +135,7 @@ fn select(paths: &Paths, spec: &str) -> anyhow::Result<Selected> {
         let rt = load_runtime(&cpu_lib)?;
         let mut fallback = None;
         if spec.split(',').any(|p| p.trim() == "auto") && !rt.cuda_available {
-            let gpus = narrator_hardware::probe().gpus.len();
+            let gpus = narrator_hardware::gpus_now().0.len();
             if gpus > 0 {
                 let why = format!(
                     "{gpus} GPU(s) here, but the ONNX Runtime at {} is the CPU build: run \

@@ -48,15 +48,8 @@ pub(crate) fn doctor(global: &crate::cli::Global, args: DoctorArgs) -> anyhow::R
 /// What doctor checks: the CUDA build a GPU worker would load (read from its files,
 /// not loaded, with every needed library resolved), else the CPU build, loaded.
 fn runtime_facts(paths: &Paths) -> Option<RuntimeFacts> {
-    let gpu_lib = match (&paths.explicit_onnxruntime, paths.ort_build) {
-        (Some(lib), _) => Some(lib.clone()),
-        (None, crate::gpu::OrtBuild::Cpu) => None,
-        (None, _) => paths.onnxruntime_gpu.clone(),
-    };
-    let cuda_dir = gpu_lib
-        .as_deref()
-        .and_then(std::path::Path::parent)
-        .filter(|d| narrator_hardware::cuda::is_cuda_build(d));
+    let gpu_lib = crate::gpu::cuda_library(paths).ok().flatten();
+    let cuda_dir = gpu_lib.as_deref().and_then(std::path::Path::parent);
     if let (Some(lib), Some(dir)) = (&gpu_lib, cuda_dir) {
         let build = match crate::gpu::inspect(paths, dir) {
             Ok(b) => Some(b),
@@ -178,8 +171,8 @@ pub(crate) async fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow:
             let c = loaded
                 .calibration
                 .context("no calibration was measured or cached; run without --calibrate cached")?;
-            if let (Some(db), true) = (&db, c.source == "measured" && c.device_model != "cpu") {
-                fleet::store(db, &c, &cluster::host_name()).await?;
+            if let Some(db) = &db {
+                fleet::share(db, &c, &cluster::host_name()).await?;
             }
             if !args.json {
                 println!(

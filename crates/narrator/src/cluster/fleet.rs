@@ -31,16 +31,24 @@ pub(crate) async fn load_into(db: &PgPool, catalog: &mut Catalog) -> anyhow::Res
     Ok(())
 }
 
-/// Stores a calibration measured on a GPU for the rest of the fleet.
-pub(crate) async fn store(db: &PgPool, c: &Calibration, measured_by: &str) -> anyhow::Result<()> {
-    let mut stored = c.clone();
-    stored.source = "measured".into();
+/// Stores a calibration for the rest of the fleet when it is one worth sharing: measured
+/// here (not read from the catalog, a cache or a flag) on a GPU NVML named. Returns
+/// whether it was stored.
+pub(crate) async fn share(db: &PgPool, c: &Calibration, measured_by: &str) -> anyhow::Result<bool> {
+    let shareable = c.source == "measured"
+        && !matches!(
+            c.device_model.as_str(),
+            "cpu" | "any" | crate::engine::UNKNOWN_GPU
+        );
+    if !shareable {
+        return Ok(false);
+    }
     narrator_db::put_calibration(
         db,
         &c.voice,
         &c.device_model,
         &c.runtime,
-        &serde_json::to_value(&stored)?,
+        &serde_json::to_value(c)?,
         measured_by,
     )
     .await
@@ -49,5 +57,5 @@ pub(crate) async fn store(db: &PgPool, c: &Calibration, measured_by: &str) -> an
         "calibration of {} on {} stored for the fleet",
         c.voice, c.device_model
     );
-    Ok(())
+    Ok(true)
 }

@@ -140,12 +140,8 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
                 None => engine::Planning::Calibrate,
             };
             let loaded = engine::load_with(paths, &eargs, voice, planning, &catalog)?;
-            if let Some(c) = loaded.calibration.as_ref().filter(|c| {
-                c.source == "measured"
-                    && loaded.plan.device.starts_with("cuda")
-                    && c.device_model != engine::UNKNOWN_GPU
-            }) {
-                cluster::fleet::store(&pool, c, &worker_id).await?;
+            if let Some(c) = &loaded.calibration {
+                cluster::fleet::share(&pool, c, &worker_id).await?;
             }
             // One batch at the full budget before consuming: a plan too large for the
             // device fails (or shrinks) here, not in the middle of a book.
