@@ -30,7 +30,7 @@
 # Idempotent: when the inputs and options have not changed and the parts verify, it only
 # prints. Needs: a release build (cargo build --release -p narrator), `bash ops/setup.sh
 # --gpu`, the corpus (/work/shared/corpus or ../shared/corpus, or NARRATOR_CORPUS=FILE).
-# Installs zstd and binutils (strip, objdump) with apt when they are missing.
+# Needs zstd and binutils (strip, objdump): `bash ops/setup.sh --gpu` installs them.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
