@@ -33,6 +33,7 @@ FROM ${RUST_IMAGE} AS build
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         pkg-config cmake libespeak-ng-dev libopus-dev libmp3lame-dev \
+        libavcodec-dev libavformat-dev libclang-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -82,12 +83,14 @@ FROM gpu-from-${NARRATOR_FROM} AS gpu-payload
 
 ############################# cpu #############################
 FROM ${DEBIAN_IMAGE} AS cpu
-# Shared libraries of the binary (ldd: libespeak-ng.so.1, libopus.so.0, libmp3lame.so.0)
+# Shared libraries of the binary (ldd: libespeak-ng.so.1, libopus.so.0, libmp3lame.so.0,
+# libavcodec.so.59 and libavformat.so.59 for M4B)
 # and of libonnxruntime (libstdc++); CA certificates for TLS to the services; curl for
 # the health check.
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libespeak-ng1 libopus0 libmp3lame0 libstdc++6 ca-certificates curl \
+        libespeak-ng1 libopus0 libmp3lame0 libavcodec59 libavformat59 libstdc++6 \
+        ca-certificates curl \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 narrator \
     && useradd --system --uid 10001 --gid narrator --create-home --home-dir /home/narrator narrator

@@ -34,6 +34,10 @@ APT_PACKAGES=(
     libespeak-ng-dev   # narrator-phonemes links libespeak-ng.so.1 (1.51)
     libopus-dev
     libmp3lame-dev
+    libavcodec-dev     # M4B: FFmpeg's AAC encoder and MP4 muxer (ffmpeg-next)
+    libavformat-dev
+    libclang-dev       # ffmpeg-sys-next generates its bindings with bindgen
+    ffmpeg             # ffprobe: the tests read M4B files back with it
     python3
     python3-pip        # pip download of the wheels below
     python3-venv       # --with-piper

@@ -127,6 +127,15 @@ fn duplicate_deliveries_processed_at_once_leave_audio_and_figures_in_agreement()
     w.spawn_worker("d2", &args, &[]);
     w.ok(&["status", &job.to_string(), "--wait"]);
     check_job(&w, job, true);
+    // The job can finish while a losing copy is still between its upload and its
+    // delete; a copy is acknowledged only after that delete, so wait until every copy
+    // has been settled before listing.
+    eventually(Duration::from_secs(60), "every copy settled", || {
+        w.queue_ready(&work_queue(VOICE)) == 0
+            && w.consumer_holdings()
+                .iter()
+                .all(|&(_, unacked)| unacked == 0)
+    });
     // Every object left is one a record points at: the losers' copies are gone.
     let store = w.store();
     let packs =

@@ -22,6 +22,28 @@ pub enum AudioError {
         source: std::io::Error,
     },
 
+    /// The output file could not be created.
+    #[error("cannot create audio file {}; check that its folder exists and is writable", .path.display())]
+    Create {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// FFmpeg's libraries (AAC encoder, MP4 muxer) failed while writing an M4B file.
+    #[error(
+        "M4B encoding failed while {context}; check that the output location is writable and has free space (FFmpeg: {source})"
+    )]
+    M4b {
+        /// What was being done, e.g. "writing the MP4 header".
+        context: &'static str,
+        /// FFmpeg's error.
+        #[source]
+        source: ffmpeg_next::Error,
+    },
+
     /// hound failed to write a WAV stream (I/O, or the 4 GiB WAV size limit was hit).
     #[error(
         "writing WAV audio failed; check that the output location is writable and has free space"
@@ -124,8 +146,8 @@ pub enum AudioError {
         reason: String,
     },
 
-    /// A format name that is not one of `wav`, `opus`, `mp3`.
-    #[error("unknown audio format {given:?}; choose one of: wav, opus, mp3")]
+    /// A format name that is not one of `wav`, `opus`, `mp3`, `m4b`.
+    #[error("unknown audio format {given:?}; choose one of: wav, opus, mp3, m4b")]
     UnknownFormat {
         /// The rejected input.
         given: String,
@@ -137,6 +159,8 @@ impl AudioError {
     pub fn kind(&self) -> &'static str {
         match self {
             AudioError::Io { .. } => "audio_io",
+            AudioError::Create { .. } => "audio_create",
+            AudioError::M4b { .. } => "m4b_encode",
             AudioError::WavWrite { .. } => "wav_write",
             AudioError::WavTooLong { .. } => "wav_too_long",
             AudioError::WavRead { .. } => "wav_read",
@@ -154,6 +178,10 @@ impl AudioError {
 
     pub(crate) fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> AudioError {
         move |source| AudioError::Io { context, source }
+    }
+
+    pub(crate) fn m4b(context: &'static str) -> impl FnOnce(ffmpeg_next::Error) -> AudioError {
+        move |source| AudioError::M4b { context, source }
     }
 
     pub(crate) fn invalid_spec(reason: impl Into<String>) -> AudioError {

@@ -1,6 +1,6 @@
 //! [`AudioFormat`]: the names of the output formats narrator can write.
 //!
-//! Parsing, display and serde all use the same lowercase word (`wav`, `opus`, `mp3`),
+//! Parsing, display and serde all use the same lowercase word (`wav`, `opus`, `mp3`, `m4b`),
 //! which is also the file extension, so CLI flags, config files, job messages and file
 //! names never disagree.
 
@@ -21,11 +21,20 @@ pub enum AudioFormat {
     Opus,
     /// MP3 (LAME) at the model's rate, 64 kbit/s CBR: plays everywhere.
     Mp3,
+    /// M4B: AAC-LC at the model's rate, 64 kbit/s, in an MP4 container with a chapter
+    /// track, book tags and cover; what audiobook players and stores expect. One file
+    /// for the whole book (no chapter files).
+    M4b,
 }
 
 impl AudioFormat {
     /// Every format, in the order shown to users.
-    pub const ALL: [AudioFormat; 3] = [AudioFormat::Wav, AudioFormat::Opus, AudioFormat::Mp3];
+    pub const ALL: [AudioFormat; 4] = [
+        AudioFormat::Wav,
+        AudioFormat::Opus,
+        AudioFormat::Mp3,
+        AudioFormat::M4b,
+    ];
 
     /// The file extension, without the dot; the same word as `Display` and serde.
     pub fn extension(&self) -> &'static str {
@@ -33,6 +42,7 @@ impl AudioFormat {
             AudioFormat::Wav => "wav",
             AudioFormat::Opus => "opus",
             AudioFormat::Mp3 => "mp3",
+            AudioFormat::M4b => "m4b",
         }
     }
 
@@ -42,7 +52,14 @@ impl AudioFormat {
             AudioFormat::Wav => "audio/wav",
             AudioFormat::Opus => "audio/ogg",
             AudioFormat::Mp3 => "audio/mpeg",
+            AudioFormat::M4b => "audio/mp4",
         }
+    }
+
+    /// Whether each chapter also gets a file of its own (all but M4B, whose one file
+    /// carries the chapters for the player).
+    pub fn has_chapter_files(&self) -> bool {
+        !matches!(self, AudioFormat::M4b)
     }
 }
 
@@ -88,6 +105,6 @@ mod tests {
         let err = "flac".parse::<AudioFormat>().err().map(|e| e.to_string());
         let msg = err.unwrap_or_default();
         assert!(msg.contains("\"flac\""), "{msg}");
-        assert!(msg.contains("wav, opus, mp3"), "{msg}");
+        assert!(msg.contains("wav, opus, mp3, m4b"), "{msg}");
     }
 }

@@ -11,7 +11,9 @@
 //!   create_encoder(EncoderSpec) ─▶ Box<dyn AudioSink>: write(chunk)… finish()
 //!                                    ├─ WAV  16-bit mono, input rate (hound)
 //!                                    ├─ Opus 48 kHz (rubato FFT) → libopus → Ogg, chapter tags
-//!                                    └─ MP3  LAME 64 kbit/s mono, Info tag, ID3v2 CHAP/CTOC
+//!                                    ├─ MP3  LAME 64 kbit/s mono, Info tag, ID3v2 CHAP/CTOC
+//!                                    └─ M4B  FFmpeg AAC-LC 64 kbit/s → MP4 (chapter track,
+//!                                            iTunes tags, cover): create_file_encoder only
 //! ```
 //!
 //! Everything is synchronous and streaming: a sink holds at most one chunk plus codec
@@ -19,6 +21,7 @@
 
 mod error;
 mod format;
+mod m4b;
 mod mp3;
 mod ogg_opus;
 mod pcm;
@@ -29,5 +32,7 @@ mod wav;
 pub use error::AudioError;
 pub use format::AudioFormat;
 pub use pcm::{PauseKind, Pauses, peak_normalize_to_i16};
-pub use sink::{AudioSink, ChapterMark, EncodedInfo, EncoderSpec, create_encoder};
+pub use sink::{
+    AudioSink, ChapterMark, EncodedInfo, EncoderSpec, Tags, create_encoder, create_file_encoder,
+};
 pub use wav::{decode_wav_bytes, encode_wav_bytes, encode_wav_file, read_wav_i16};

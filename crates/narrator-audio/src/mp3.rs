@@ -1,7 +1,7 @@
 //! MP3 via LAME: mono, 64 kbit/s CBR at the voice's rate (22050 Hz is MPEG-2 Layer III).
 //!
-//! Layout: an ID3v2.3 tag (TIT2/TPE1, one CHAP frame per chapter and a CTOC listing them)
-//! when a title, artist or chapters are given, then LAME's Info frame, then the audio.
+//! Layout: an ID3v2.3 tag (TIT2/TPE1/TALB/TCOM/TYER/TLAN/TPUB/TCON, APIC with the cover,
+//! one CHAP frame per chapter and a CTOC listing them) when tags or chapters are given, then LAME's Info frame, then the audio.
 //! LAME writes a placeholder for the Info frame at the start of the stream; `finish`
 //! seeks back and fills it in (length, encoder delay and padding for gapless players),
 //! and rewrites the ID3 tag in place with the last chapter's end time, now known.
@@ -118,11 +118,35 @@ impl<W: Write + Seek> AudioSink for Mp3Sink<W> {
 /// starts. The size depends only on the texts, never on the times.
 fn id3_tag(spec: &EncoderSpec, total_seconds: Option<f64>) -> Vec<u8> {
     let mut frames = Vec::new();
-    if let Some(title) = &spec.title {
-        frames.extend(id3_frame(b"TIT2", &text_payload(title)));
+    let t = &spec.tags;
+    let year = t
+        .date
+        .as_deref()
+        .and_then(|d| d.get(..4))
+        .filter(|y| y.bytes().all(|b| b.is_ascii_digit()));
+    let language = t.language.as_deref().and_then(iso639_2);
+    for (id, value) in [
+        (b"TIT2", t.title.as_deref()),
+        (b"TPE1", t.artist.as_deref()),
+        (b"TALB", t.album.as_deref()),
+        (b"TCOM", t.narrator.as_deref()),
+        (b"TYER", year),
+        (b"TLAN", language),
+        (b"TPUB", t.publisher.as_deref()),
+        (b"TCON", t.genre.as_deref()),
+    ] {
+        if let Some(v) = value {
+            frames.extend(id3_frame(id, &text_payload(v)));
+        }
     }
-    if let Some(artist) = &spec.artist {
-        frames.extend(id3_frame(b"TPE1", &text_payload(artist)));
+    if let Some(cover) = &t.cover {
+        // APIC: text encoding, MIME (Latin-1, NUL), picture type 3 (front cover),
+        // empty description, the image.
+        let mut apic = vec![0u8];
+        apic.extend_from_slice(cover.mime.as_bytes());
+        apic.extend_from_slice(&[0, 3, 0]);
+        apic.extend_from_slice(&cover.data);
+        frames.extend(id3_frame(b"APIC", &apic));
     }
     // CTOC holds at most 255 children; further chapters still get CHAP frames.
     let ids: Vec<String> = (0..spec.chapters.len()).map(|i| format!("ch{i}")).collect();
@@ -164,6 +188,44 @@ fn id3_tag(spec: &EncoderSpec, total_seconds: Option<f64>) -> Vec<u8> {
     tag.extend_from_slice(&syncsafe(frames.len() as u32));
     tag.extend(frames);
     tag
+}
+
+/// The ISO 639-2 code of a BCP 47 tag's language, for the languages espeak-ng voices
+/// come in most (ID3's TLAN and MP4's track language want three letters); `None` when
+/// unknown, and the tag is left out rather than guessed.
+pub(crate) fn iso639_2(tag: &str) -> Option<&'static str> {
+    let primary = tag.split(['-', '_']).next()?.to_ascii_lowercase();
+    Some(match primary.as_str() {
+        "en" | "eng" => "eng",
+        "fr" | "fra" | "fre" => "fra",
+        "de" | "deu" | "ger" => "deu",
+        "es" | "spa" => "spa",
+        "it" | "ita" => "ita",
+        "pt" | "por" => "por",
+        "nl" | "nld" | "dut" => "nld",
+        "ru" | "rus" => "rus",
+        "pl" | "pol" => "pol",
+        "uk" | "ukr" => "ukr",
+        "cs" | "ces" | "cze" => "ces",
+        "sv" | "swe" => "swe",
+        "da" | "dan" => "dan",
+        "no" | "nb" | "nob" | "nor" => "nor",
+        "fi" | "fin" => "fin",
+        "el" | "ell" | "gre" => "ell",
+        "tr" | "tur" => "tur",
+        "hu" | "hun" => "hun",
+        "ro" | "ron" | "rum" => "ron",
+        "ca" | "cat" => "cat",
+        "zh" | "zho" | "chi" => "zho",
+        "ja" | "jpn" => "jpn",
+        "ko" | "kor" => "kor",
+        "ar" | "ara" => "ara",
+        "hi" | "hin" => "hin",
+        "vi" | "vie" => "vie",
+        "fa" | "fas" | "per" => "fas",
+        "he" | "heb" => "heb",
+        _ => return None,
+    })
 }
 
 fn millis(seconds: f64) -> u32 {
@@ -210,7 +272,10 @@ mod tests {
     #[test]
     fn tag_size_does_not_depend_on_the_total_length() {
         let spec = EncoderSpec {
-            title: Some("Böök".into()),
+            tags: crate::Tags {
+                title: Some("Böök".into()),
+                ..Default::default()
+            },
             chapters: vec![
                 ChapterMark {
                     title: "One".into(),

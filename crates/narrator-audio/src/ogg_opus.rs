@@ -178,12 +178,26 @@ fn opus_tags(spec: &EncoderSpec) -> Vec<u8> {
         env!("CARGO_PKG_VERSION"),
         opus::version()
     );
-    let mut comments = Vec::new();
-    if let Some(title) = &spec.title {
-        comments.push(format!("TITLE={title}"));
-    }
-    if let Some(artist) = &spec.artist {
-        comments.push(format!("ARTIST={artist}"));
+    let t = &spec.tags;
+    let mut comments: Vec<String> = [
+        ("TITLE", &t.title),
+        ("ARTIST", &t.artist),
+        ("ALBUM", &t.album),
+        ("COMPOSER", &t.narrator),
+        ("DATE", &t.date),
+        ("LANGUAGE", &t.language),
+        ("ORGANIZATION", &t.publisher),
+        ("GENRE", &t.genre),
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| value.as_ref().map(|v| format!("{key}={v}")))
+    .collect();
+    if let Some(cover) = &t.cover {
+        use base64::Engine as _;
+        comments.push(format!(
+            "METADATA_BLOCK_PICTURE={}",
+            base64::engine::general_purpose::STANDARD.encode(flac_picture(cover))
+        ));
     }
     comments.extend(chapter_comments(&spec.chapters));
 
@@ -195,6 +209,20 @@ fn opus_tags(spec: &EncoderSpec) -> Vec<u8> {
         push_len_prefixed(&mut tags, c.as_bytes());
     }
     tags
+}
+
+/// A FLAC picture block (front cover, type 3), the body of `METADATA_BLOCK_PICTURE`.
+/// Width, height and depth may be 0 ("unknown"); players read them from the image.
+fn flac_picture(cover: &narrator_core::Cover) -> Vec<u8> {
+    let mut b = Vec::with_capacity(cover.data.len() + 64);
+    b.extend_from_slice(&3u32.to_be_bytes());
+    b.extend_from_slice(&(cover.mime.len() as u32).to_be_bytes());
+    b.extend_from_slice(cover.mime.as_bytes());
+    b.extend_from_slice(&0u32.to_be_bytes()); // no description
+    b.extend_from_slice(&[0; 16]); // width, height, depth, colours: unknown
+    b.extend_from_slice(&(cover.data.len() as u32).to_be_bytes());
+    b.extend_from_slice(&cover.data);
+    b
 }
 
 fn push_len_prefixed(buf: &mut Vec<u8>, bytes: &[u8]) {

@@ -23,6 +23,31 @@ pub struct ChapterMark {
     pub start_seconds: f64,
 }
 
+/// The tags written into a file (ignored by WAV). Each format has its own names for
+/// them: Vorbis comments in Opus, ID3v2.3 frames in MP3, iTunes atoms in M4B.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tags {
+    /// Track title: the chapter's for a chapter file, the book's for the book file.
+    pub title: Option<String>,
+    /// The book's author (ARTIST, TPE1, ©ART).
+    pub artist: Option<String>,
+    /// The book's title (ALBUM, TALB, ©alb).
+    pub album: Option<String>,
+    /// Who or what reads it: `narrator (VOICE)` (COMPOSER, TCOM, ©wrt, as audiobook
+    /// taggers do).
+    pub narrator: Option<String>,
+    /// Publication date or year (DATE, TYER, ©day).
+    pub date: Option<String>,
+    /// BCP 47 language tag (LANGUAGE, TLAN as ISO 639-2, the MP4 track language).
+    pub language: Option<String>,
+    /// Publisher (ORGANIZATION, TPUB, ©pub).
+    pub publisher: Option<String>,
+    /// Genre (GENRE, TCON, ©gen); `Audiobook` for narrator's outputs.
+    pub genre: Option<String>,
+    /// Cover image (METADATA_BLOCK_PICTURE, APIC, covr).
+    pub cover: Option<narrator_core::Cover>,
+}
+
 /// What to encode and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncoderSpec {
@@ -30,10 +55,8 @@ pub struct EncoderSpec {
     pub format: AudioFormat,
     /// Rate of the mono i16 samples given to [`AudioSink::write`].
     pub sample_rate: u32,
-    /// Title tag, if any (ignored by WAV).
-    pub title: Option<String>,
-    /// Artist tag, if any (ignored by WAV).
-    pub artist: Option<String>,
+    /// Tags (ignored by WAV).
+    pub tags: Tags,
     /// Chapter marks, in ascending start order (ignored by WAV).
     pub chapters: Vec<ChapterMark>,
 }
@@ -44,8 +67,7 @@ impl EncoderSpec {
         EncoderSpec {
             format,
             sample_rate,
-            title: None,
-            artist: None,
+            tags: Tags::default(),
             chapters: Vec::new(),
         }
     }
@@ -108,6 +130,7 @@ pub trait AudioSink {
 }
 
 /// Creates the streaming encoder for `spec.format`, writing to `out` (wrapped in a buffer).
+/// M4B is written by FFmpeg's muxer, which needs a file: use [`create_file_encoder`].
 pub fn create_encoder<W: Write + Seek + Send + 'static>(
     spec: &EncoderSpec,
     out: W,
@@ -118,7 +141,29 @@ pub fn create_encoder<W: Write + Seek + Send + 'static>(
         AudioFormat::Wav => Box::new(crate::wav::WavSink::new(spec, out)?),
         AudioFormat::Opus => Box::new(crate::ogg_opus::OggOpusSink::new(spec, out)?),
         AudioFormat::Mp3 => Box::new(crate::mp3::Mp3Sink::new(spec, out)?),
+        AudioFormat::M4b => {
+            return Err(AudioError::invalid_spec(
+                "M4B is written to a file by FFmpeg's muxer; use create_file_encoder",
+            ));
+        }
     })
+}
+
+/// Creates the streaming encoder for `spec.format`, writing the file at `path` (created
+/// or truncated). Every format, M4B included.
+pub fn create_file_encoder(
+    spec: &EncoderSpec,
+    path: &std::path::Path,
+) -> Result<Box<dyn AudioSink + Send>, AudioError> {
+    if spec.format == AudioFormat::M4b {
+        spec.validate()?;
+        return Ok(Box::new(crate::m4b::M4bSink::new(spec, path)?));
+    }
+    let file = std::fs::File::create(path).map_err(|source| AudioError::Create {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    create_encoder(spec, file)
 }
 
 pub(crate) fn encoded_info(samples_in: u64, sample_rate: u32, bytes: u64) -> EncodedInfo {

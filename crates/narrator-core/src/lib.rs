@@ -13,7 +13,7 @@
 pub mod manifest;
 pub mod seams;
 
-pub use manifest::{BookEntry, ChapterEntry, Manifest, SegmentEntry};
+pub use manifest::{BookEntry, ChapterEntry, CoverEntry, Manifest, SegmentEntry};
 pub use seams::{
     AudioStore, Delivery, Failure, RetryClass, SeamError, SegmentQueue, StateStore, TraceContext,
 };
@@ -76,6 +76,92 @@ pub struct JobPlan {
     pub segments: Vec<Segment>,
     /// Warnings from reading the input (skipped characters and the like).
     pub warnings: Vec<String>,
+    /// What the book says about itself (author, language, cover...), for the outputs' tags.
+    #[serde(default)]
+    pub meta: BookMeta,
+}
+
+/// What a book says about itself beyond its title: from EPUB metadata, Markdown front
+/// matter or flags. It goes into every output's tags, `manifest.json` and the jobs table;
+/// it never changes the audio, so it is not part of a job's content id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BookMeta {
+    /// Author(s), as they should be shown (several joined by `, `).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    /// Language as a BCP 47 tag (`en`, `en-US`, `fr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    /// Publication date or year as given (`1865`, `2024-05-01`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub date: Option<String>,
+    /// Publisher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<String>,
+    /// Cover image. Not part of the JSON forms (plans, manifests): it is stored beside
+    /// the job and embedded in the audio files.
+    #[serde(skip)]
+    pub cover: Option<Cover>,
+}
+
+impl BookMeta {
+    /// The year: the first four digits of `date`, when they make one.
+    pub fn year(&self) -> Option<&str> {
+        let d = self.date.as_deref()?.trim();
+        d.get(..4).filter(|y| y.bytes().all(|b| b.is_ascii_digit()))
+    }
+
+    /// Fields of `other` that are set replace this one's (flags over the file's metadata).
+    pub fn overridden_by(mut self, other: BookMeta) -> BookMeta {
+        self.author = other.author.or(self.author);
+        self.language = other.language.or(self.language);
+        self.date = other.date.or(self.date);
+        self.publisher = other.publisher.or(self.publisher);
+        self.cover = other.cover.or(self.cover);
+        self
+    }
+}
+
+/// A cover image: JPEG or PNG bytes, shared cheaply between the encoders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cover {
+    /// `image/jpeg` or `image/png`.
+    pub mime: String,
+    /// The file's bytes.
+    pub data: std::sync::Arc<Vec<u8>>,
+}
+
+/// Largest cover narrator embeds (players and stores expect a few hundred KiB).
+pub const MAX_COVER_BYTES: usize = 10 << 20;
+
+impl Cover {
+    /// A cover from an image file's bytes: JPEG or PNG by their magic numbers; anything
+    /// else (or an empty or oversized file) is refused with what to do.
+    pub fn from_bytes(data: Vec<u8>) -> Result<Cover, String> {
+        let mime = if data.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            "image/jpeg"
+        } else if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+            "image/png"
+        } else {
+            return Err(
+                "a cover must be a JPEG or PNG image (other formats are not \
+                        shown by audiobook players); convert it first"
+                    .to_string(),
+            );
+        };
+        if data.len() > MAX_COVER_BYTES {
+            return Err(format!(
+                "the cover is {} MiB, more than the {} MiB narrator embeds; scale it down \
+                 (1400-3000 px square JPEG is what stores ask for)",
+                data.len() >> 20,
+                MAX_COVER_BYTES >> 20
+            ));
+        }
+        Ok(Cover {
+            mime: mime.to_string(),
+            data: std::sync::Arc::new(data),
+        })
+    }
 }
 
 /// Mono 16-bit audio of one segment.

@@ -12,15 +12,32 @@ pub struct BookEntry {
     pub file: String,
     /// Duration.
     pub seconds: f64,
+    /// Author, language, date and publisher, where the input or flags gave them.
+    #[serde(flatten)]
+    pub meta: crate::BookMeta,
+    /// The cover embedded in the audio files, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cover: Option<CoverEntry>,
 }
 
-/// One chapter file.
+/// The cover embedded in the book's audio files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CoverEntry {
+    /// `image/jpeg` or `image/png`.
+    pub mime: String,
+    /// Size of the image.
+    pub bytes: u64,
+}
+
+/// One chapter: its own file (not for M4B, whose one file holds the chapters) and its
+/// place in the book file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChapterEntry {
     /// Chapter title.
     pub title: String,
-    /// File name inside the output folder.
-    pub file: String,
+    /// File name inside the output folder; none for formats without chapter files (M4B).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
     /// Duration of the chapter file.
     pub seconds: f64,
     /// Where the chapter starts in the whole-book file.
@@ -49,7 +66,7 @@ pub struct Manifest {
     pub narrator_version: String,
     /// The input file.
     pub source: String,
-    /// Audio format (`wav`, `opus`, `mp3`).
+    /// Audio format (`wav`, `opus`, `mp3`, `m4b`).
     pub format: String,
     /// The whole-book file.
     pub book: BookEntry,

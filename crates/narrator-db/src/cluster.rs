@@ -427,8 +427,8 @@ pub async fn job_trace(
 /// Loads a job's plan, format and settings.
 pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
     let row = sqlx::query(
-        "SELECT title, source, voice, format, state, chapters, warnings, settings \
-         FROM jobs WHERE id = $1",
+        "SELECT title, source, voice, format, state, chapters, warnings, settings, metadata, \
+         cover, cover_type FROM jobs WHERE id = $1",
     )
     .bind(job)
     .fetch_optional(pool)
@@ -438,6 +438,15 @@ pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
     let Json(warnings): Json<Vec<String>> = row.try_get("warnings")?;
     let Json(settings): Json<serde_json::Value> = row.try_get("settings")?;
     let settings = serde_json::from_value(settings).unwrap_or_default();
+    let Json(mut meta): Json<narrator_core::BookMeta> = row.try_get("metadata")?;
+    let cover: Option<Vec<u8>> = row.try_get("cover")?;
+    let cover_type: Option<String> = row.try_get("cover_type")?;
+    meta.cover = cover
+        .zip(cover_type)
+        .map(|(data, mime)| narrator_core::Cover {
+            mime,
+            data: std::sync::Arc::new(data),
+        });
     let segments = sqlx::query(
         "SELECT idx, chapter, text, pause_after FROM segments WHERE job_id = $1 ORDER BY idx",
     )
@@ -456,6 +465,7 @@ pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
             chapters,
             segments,
             warnings,
+            meta,
         },
         format: row.try_get("format")?,
         settings,

@@ -55,6 +55,16 @@ fn plan(chapters: u32, per: u32) -> JobPlan {
         chapters: chs,
         segments,
         warnings: vec!["skipped 1 emoji".into()],
+        meta: narrator_core::BookMeta {
+            author: Some("Lewis Carroll".into()),
+            language: Some("en-GB".into()),
+            date: Some("1865".into()),
+            publisher: None,
+            cover: Some(narrator_core::Cover {
+                mime: "image/jpeg".into(),
+                data: std::sync::Arc::new(vec![0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3]),
+            }),
+        },
     }
 }
 
@@ -102,6 +112,10 @@ async fn a_job_is_recorded_with_its_segments_and_completes_on_the_last(pool: PgP
     let titles: Vec<_> = s.chapters.iter().map(|c| c.title.as_str()).collect();
     assert_eq!(titles, ["Chapter 1", "Chapter 2"]);
     assert!(s.summary.latency_seconds.is_none() && s.summary.rtf.is_none());
+    // The book's metadata and cover come back for the assembler.
+    let stored = narrator_db::load_job(&pool, job).await.expect("load");
+    assert_eq!(stored.plan.meta, p.meta);
+    assert_eq!(stored.plan.title, "Alice");
 
     // A second submission of the same plan is a new job.
     let again = create_job(&pool, &p, "opus", 5).await.expect("create");

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use narrator_audio::{
-    AudioFormat, AudioSink, ChapterMark, EncoderSpec, PauseKind, Pauses, create_encoder,
+    AudioFormat, AudioSink, ChapterMark, EncoderSpec, PauseKind, Pauses, Tags, create_file_encoder,
 };
 use narrator_core::{
-    AudioStore, BookEntry, ChapterEntry, JobPlan, Manifest, SegmentEntry, SegmentRecord,
+    AudioStore, BookEntry, ChapterEntry, CoverEntry, JobPlan, Manifest, SegmentEntry, SegmentRecord,
 };
 
 use std::collections::{HashMap, VecDeque};
@@ -60,9 +60,9 @@ pub fn slug(title: &str, max: usize) -> String {
 pub struct ChapterLayout {
     /// Title.
     pub title: String,
-    /// Output file name.
-    pub file: String,
-    /// Samples in the chapter file (no trailing chapter pause).
+    /// Output file name; none for formats without chapter files (M4B).
+    pub file: Option<String>,
+    /// Samples in the chapter (no trailing chapter pause).
     pub samples: u64,
     /// First sample of the chapter in the book file.
     pub book_start: u64,
@@ -87,8 +87,9 @@ pub fn layout(
     records: &[SegmentRecord],
     pauses: &Pauses,
     rate: u32,
-    ext: &str,
+    format: AudioFormat,
 ) -> Layout {
+    let ext = format.extension();
     let width = plan.chapters.len().to_string().len().max(2);
     let mut chapters = Vec::new();
     let mut segments = Vec::with_capacity(records.len());
@@ -109,11 +110,13 @@ pub fn layout(
             }
         }
         let name = slug(&ch.title, 48);
-        let file = if name.is_empty() {
-            format!("{:0width$}.{ext}", ci + 1)
-        } else {
-            format!("{:0width$}-{name}.{ext}", ci + 1)
-        };
+        let file = format.has_chapter_files().then(|| {
+            if name.is_empty() {
+                format!("{:0width$}.{ext}", ci + 1)
+            } else {
+                format!("{:0width$}-{name}.{ext}", ci + 1)
+            }
+        });
         chapters.push(ChapterLayout {
             title: ch.title.clone(),
             file,
@@ -132,11 +135,23 @@ pub fn layout(
 }
 
 fn encoder(path: &Path, spec: &EncoderSpec) -> Result<Box<dyn AudioSink + Send>, PipelineError> {
-    let file = std::fs::File::create(path).map_err(|source| PipelineError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Ok(create_encoder(spec, file)?)
+    Ok(create_file_encoder(spec, path)?)
+}
+
+/// The book's tags for every output: author, book title, narrator, date, language,
+/// publisher, cover; `title` is the file's own (the book's, or a chapter's).
+pub fn book_tags(plan: &JobPlan, title: &str) -> Tags {
+    Tags {
+        title: Some(title.to_string()),
+        artist: plan.meta.author.clone(),
+        album: Some(plan.title.clone()),
+        narrator: Some(format!("narrator ({})", plan.voice)),
+        date: plan.meta.date.clone(),
+        language: plan.meta.language.clone(),
+        publisher: plan.meta.publisher.clone(),
+        genre: Some("Audiobook".to_string()),
+        cover: plan.meta.cover.clone(),
+    }
 }
 
 /// Segments always read ahead during assembly, whatever their size.
@@ -348,7 +363,7 @@ pub async fn assemble<A: AudioStore + 'static>(
     let started = Instant::now();
     let rate = records.first().map_or(22050, |r| r.sample_rate);
     let ext = opts.format.extension();
-    let lay = layout(plan, records, &opts.pauses, rate, ext);
+    let lay = layout(plan, records, &opts.pauses, rate, opts.format);
     std::fs::create_dir_all(&opts.staging).map_err(|source| PipelineError::Io {
         path: opts.staging.clone(),
         source,
@@ -356,8 +371,7 @@ pub async fn assemble<A: AudioStore + 'static>(
     let secs = |n: u64| n as f64 / f64::from(rate);
 
     let mut book_spec = EncoderSpec::new(opts.format, rate);
-    book_spec.title = Some(plan.title.clone());
-    book_spec.artist = Some(format!("narrator ({})", plan.voice));
+    book_spec.tags = book_tags(plan, &plan.title);
     book_spec.chapters = lay
         .chapters
         .iter()
@@ -384,15 +398,17 @@ pub async fn assemble<A: AudioStore + 'static>(
             book.write_silence(opts.pauses.samples(PauseKind::Chapter, rate))?;
         }
         let mut spec = EncoderSpec::new(opts.format, rate);
-        spec.title = Some(ch.title.clone());
-        spec.artist = book_spec.artist.clone();
-        let path = opts.staging.join(&cl.file);
+        spec.tags = book_tags(plan, &ch.title);
+        let path = cl.file.as_ref().map(|f| opts.staging.join(f));
         let encode = info_span!(
             "encode chapter",
             narrator.chapter = ci,
             narrator.segments = ch.segment_count
         );
-        let mut chapter = encode.in_scope(|| encoder(&path, &spec))?;
+        let mut chapter = match &path {
+            Some(path) => Some(encode.in_scope(|| encoder(path, &spec))?),
+            None => None,
+        };
         let first = ch.first_segment;
         let end = first + ch.segment_count;
         async {
@@ -410,22 +426,31 @@ pub async fn assemble<A: AudioStore + 'static>(
                         ),
                     });
                 }
-                chapter.write(&audio.samples)?;
+                if let Some(chapter) = chapter.as_mut() {
+                    chapter.write(&audio.samples)?;
+                }
                 book.write(&audio.samples)?;
                 if i + 1 != end {
                     let gap = opts
                         .pauses
                         .samples(plan.segments[i as usize].pause_after, rate);
-                    chapter.write_silence(gap)?;
+                    if let Some(chapter) = chapter.as_mut() {
+                        chapter.write_silence(gap)?;
+                    }
                     book.write_silence(gap)?;
                 }
             }
-            chapter.finish()?;
+            if let Some(chapter) = chapter {
+                chapter.finish()?;
+            }
             Ok::<_, PipelineError>(())
         }
         .instrument(encode)
         .await?;
         // The chapter goes up while the next one is encoded (at most UPLOADS at once).
+        let (Some(path), Some(name)) = (path, cl.file.clone()) else {
+            continue;
+        };
         if uploads.len() >= UPLOADS {
             let waiting = Instant::now();
             if let Some(done) = uploads.join_next().await {
@@ -433,7 +458,7 @@ pub async fn assemble<A: AudioStore + 'static>(
             }
             upload_wait += waiting.elapsed();
         }
-        let (store, job, name) = (store.clone(), plan.job_id.clone(), cl.file.clone());
+        let (store, job) = (store.clone(), plan.job_id.clone());
         let upload =
             info_span!("upload", otel.name = %format!("PUT output {name}"), otel.kind = "client");
         uploads.spawn(async move { store.put_output(&job, &name, &path).await }.instrument(upload));
@@ -473,6 +498,11 @@ pub async fn assemble<A: AudioStore + 'static>(
             title: plan.title.clone(),
             file: lay.book_file.clone(),
             seconds: audio_seconds,
+            meta: plan.meta.clone(),
+            cover: plan.meta.cover.as_ref().map(|c| CoverEntry {
+                mime: c.mime.clone(),
+                bytes: c.data.len() as u64,
+            }),
         },
         chapters: lay
             .chapters
@@ -550,6 +580,7 @@ mod tests {
                 seg(2, 1, PauseAfter::Chapter),
             ],
             warnings: vec![],
+            meta: Default::default(),
         }
     }
 
@@ -581,14 +612,25 @@ mod tests {
             &[rec(0, 500), rec(1, 300), rec(2, 400)],
             &pauses,
             1000,
-            "wav",
+            AudioFormat::Wav,
         );
         assert_eq!(l.segments, [(0, 500), (700, 300), (2000, 400)]);
         assert_eq!(l.chapters[0].samples, 1000);
         assert_eq!(l.chapters[1].book_start, 2000);
         assert_eq!(l.book_samples, 2400);
-        assert_eq!(l.chapters[0].file, "01-chapter-i-down.wav");
+        assert_eq!(l.chapters[0].file.as_deref(), Some("01-chapter-i-down.wav"));
         assert_eq!(l.book_file, "my-book-a-tale.wav");
+        // M4B: the same places, one file.
+        let m = layout(
+            &plan(),
+            &[rec(0, 500), rec(1, 300), rec(2, 400)],
+            &pauses,
+            1000,
+            AudioFormat::M4b,
+        );
+        assert_eq!(m.segments, l.segments);
+        assert!(m.chapters.iter().all(|c| c.file.is_none()));
+        assert_eq!(m.book_file, "my-book-a-tale.m4b");
     }
 
     #[test]

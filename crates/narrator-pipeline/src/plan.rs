@@ -83,6 +83,7 @@ pub fn plan_job(
         chapters,
         segments,
         warnings: doc.warnings.clone(),
+        meta: doc.meta.clone(),
     }
 }
 
@@ -97,6 +98,7 @@ mod tests {
         };
         Document {
             title: Some("T".into()),
+            meta: Default::default(),
             chapters: vec![
                 Chapter {
                     title: "One".into(),

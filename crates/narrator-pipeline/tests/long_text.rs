@@ -114,11 +114,11 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
         .expect("assemble");
     assert_eq!(m.chapters.len(), 12);
     for c in &m.chapters {
-        let f = dir.path().join(&c.file);
+        let file = c.file.as_deref().expect("a chapter file");
+        let f = dir.path().join(file);
         assert!(
             std::fs::metadata(&f).expect("chapter file").len() > 1000,
-            "{}",
-            c.file
+            "{file}"
         );
     }
     let idx: Vec<u32> = m.segments.iter().map(|s| s.index).collect();

@@ -29,6 +29,10 @@ pub(crate) struct RawChapter {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct RawBook {
     pub(crate) title: Option<String>,
+    /// Author, language, date, publisher, cover found in the input.
+    pub(crate) meta: narrator_core::BookMeta,
+    /// A cover named by path (Markdown front matter), relative to the input file.
+    pub(crate) cover_path: Option<String>,
     pub(crate) chapters: Vec<RawChapter>,
     pub(crate) warnings: Vec<String>,
 }
@@ -46,6 +50,12 @@ pub(crate) fn build(
     let cap = opts.max_sentence_chars.max(1);
     let mut skipped = Skipped::default();
     let mut warnings = raw.warnings;
+    // The title as written goes into tags and file names; its spoken form names
+    // untitled chapters.
+    let written_title = raw
+        .title
+        .as_deref()
+        .map(|t| t.split_whitespace().collect::<Vec<_>>().join(" "));
     let doc_title = raw
         .title
         .map(|t| normalize(&t, &mut skipped))
@@ -97,9 +107,10 @@ pub(crate) fn build(
     }
     warnings.extend(skipped.warnings());
     Ok(Document {
-        title: doc_title,
+        title: doc_title.and(written_title),
         chapters,
         warnings,
+        meta: raw.meta,
     })
 }
 
@@ -160,6 +171,7 @@ mod tests {
                 chapter(Some("CHAPTER I"), &["It began."], false),
             ],
             warnings: vec![],
+            ..RawBook::default()
         };
         let doc = run(book).expect("doc");
         assert_eq!(doc.chapters.len(), 1);
@@ -174,6 +186,7 @@ mod tests {
                 chapter(Some("CHAPTER I"), &["It began."], false),
             ],
             warnings: vec![],
+            ..RawBook::default()
         };
         let doc = run(book).expect("doc");
         assert_eq!(doc.chapters.len(), 2);
@@ -190,6 +203,7 @@ mod tests {
                 chapter(None, &["Two."], false),
             ],
             warnings: vec![],
+            ..RawBook::default()
         };
         let doc = run(book).expect("doc");
         let titles: Vec<_> = doc.chapters.iter().map(|c| c.title.as_str()).collect();
@@ -203,6 +217,7 @@ mod tests {
             title: None,
             chapters: vec![chapter(None, &["\u{6f22}\u{5b57} \u{2192} ..."], true)],
             warnings: vec![],
+            ..RawBook::default()
         };
         let err = run(book).expect_err("must fail");
         assert_eq!(err.kind(), "nothing_speakable");

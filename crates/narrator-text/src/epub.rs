@@ -97,8 +97,25 @@ pub(crate) fn parse<R: Read + Seek>(
 
     let mut book = RawBook {
         title: package.title.clone(),
+        meta: package.meta.clone(),
         ..RawBook::default()
     };
+    if let Some(cover) = &package.cover {
+        match epub.read(cover, narrator_core::MAX_COVER_BYTES as u64) {
+            Ok(Some(bytes)) => match narrator_core::Cover::from_bytes(bytes) {
+                Ok(c) => book.meta.cover = Some(c),
+                Err(reason) => warnings.push(format!(
+                    "the cover image {cover} is not used: {reason} (or pass --cover FILE)"
+                )),
+            },
+            Ok(None) => warnings.push(format!(
+                "the cover image {cover} is missing from the archive; the audio has no cover (pass --cover FILE)"
+            )),
+            Err(e) => warnings.push(format!(
+                "the cover image {cover} is not used: {e} (pass --cover FILE)"
+            )),
+        }
+    }
     let mut unknown_entities = EntityStats::default();
     for item in spine_docs {
         let Some(bytes) = epub.read(&item.path, opts.max_bytes)? else {
@@ -336,9 +353,12 @@ impl ManifestItem {
     }
 }
 
-/// What the OPF says: title, manifest, spine order, TOC documents.
+/// What the OPF says: title, metadata, cover, manifest, spine order, TOC documents.
 struct Package {
     title: Option<String>,
+    meta: narrator_core::BookMeta,
+    /// Archive path of the cover image.
+    cover: Option<String>,
     manifest: HashMap<String, ManifestItem>,
     spine: Vec<String>,
     nav: Option<String>,
@@ -372,6 +392,8 @@ impl Package {
             }
             manifest.insert(id.to_owned(), ManifestItem { path, media_type });
         }
+        let (meta, cover_id) = metadata(xml);
+        let cover = cover_path(xml, base, &manifest, cover_id);
         let spine_node = xml.descendants().find(|n| n.tag_name().name() == "spine");
         let ncx = spine_node
             .and_then(|s| s.attribute("toc"))
@@ -389,12 +411,113 @@ impl Package {
             .unwrap_or_default();
         Self {
             title,
+            meta,
+            cover,
             manifest,
             spine,
             nav,
             ncx,
         }
     }
+}
+
+/// Dublin Core author(s), language, date and publisher of the OPF's `<metadata>`, and
+/// the manifest id an EPUB 2 `<meta name="cover">` names.
+fn metadata(xml: &Xml<'_>) -> (narrator_core::BookMeta, Option<String>) {
+    let Some(md) = xml
+        .descendants()
+        .find(|n| n.is_element() && n.tag_name().name() == "metadata")
+    else {
+        return Default::default();
+    };
+    let elements = |name: &'static str| {
+        md.descendants()
+            .filter(move |n| n.is_element() && n.tag_name().name() == name)
+    };
+    let text = |n: Node<'_, '_>| Some(collapse(&text_of(n))).filter(|t| !t.is_empty());
+    // EPUB 3 gives roles in <meta refines="#id" property="role">, EPUB 2 in opf:role.
+    let role_of = |n: Node<'_, '_>| -> Option<String> {
+        n.attributes()
+            .find(|a| a.name() == "role")
+            .map(|a| a.value().to_owned())
+            .or_else(|| {
+                let id = n.attribute("id")?;
+                elements("meta")
+                    .find(|m| {
+                        m.attribute("refines") == Some(&format!("#{id}"))
+                            && m.attribute("property") == Some("role")
+                    })
+                    .map(|m| collapse(&text_of(m)))
+            })
+    };
+    let creators: Vec<(Option<String>, String)> = elements("creator")
+        .filter_map(|n| Some((role_of(n), text(n)?)))
+        .collect();
+    let authors: Vec<&str> = if creators.iter().any(|(r, _)| r.as_deref() == Some("aut")) {
+        creators
+            .iter()
+            .filter(|(r, _)| r.as_deref() == Some("aut"))
+            .map(|(_, n)| n.as_str())
+            .collect()
+    } else {
+        creators.iter().map(|(_, n)| n.as_str()).collect()
+    };
+    // EPUB 2 may list several dates by event; the publication date is the one wanted.
+    let date = elements("date")
+        .find(|n| {
+            n.attributes()
+                .any(|a| a.name() == "event" && a.value() == "publication")
+        })
+        .or_else(|| elements("date").next())
+        .and_then(text);
+    let meta = narrator_core::BookMeta {
+        author: (!authors.is_empty()).then(|| authors.join(", ")),
+        language: elements("language").find_map(text),
+        date,
+        publisher: elements("publisher").find_map(text),
+        cover: None,
+    };
+    let cover_id = elements("meta")
+        .find(|m| m.attribute("name") == Some("cover"))
+        .and_then(|m| m.attribute("content"))
+        .map(str::to_owned);
+    (meta, cover_id)
+}
+
+/// The cover image's archive path: the EPUB 3 item with `properties="cover-image"`, else
+/// the item an EPUB 2 `<meta name="cover">` names, else an image item called "cover".
+fn cover_path(
+    xml: &Xml<'_>,
+    base: &str,
+    manifest: &HashMap<String, ManifestItem>,
+    cover_id: Option<String>,
+) -> Option<String> {
+    let items = || xml.descendants().filter(|n| n.tag_name().name() == "item");
+    let href = |n: Node<'_, '_>| n.attribute("href").map(|h| resolve(base, h));
+    items()
+        .find(|n| {
+            n.attribute("properties")
+                .is_some_and(|p| p.split_whitespace().any(|w| w == "cover-image"))
+        })
+        .and_then(href)
+        .or_else(|| {
+            cover_id
+                .and_then(|id| manifest.get(&id))
+                .filter(|it| it.media_type.starts_with("image/"))
+                .map(|it| it.path.clone())
+        })
+        .or_else(|| {
+            items()
+                .filter(|n| {
+                    n.attribute("media-type")
+                        .is_some_and(|t| t.starts_with("image/"))
+                })
+                .find(|n| {
+                    n.attribute("id")
+                        .is_some_and(|id| id.to_ascii_lowercase().contains("cover"))
+                })
+                .and_then(href)
+        })
 }
 
 fn nav_entries(xml: &Xml<'_>, base: &str) -> HashMap<String, String> {

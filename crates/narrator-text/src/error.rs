@@ -106,6 +106,16 @@ pub enum TextError {
         #[source]
         source: roxmltree::Error,
     },
+    /// The cover named by the book (front matter) or a flag cannot be used.
+    #[error("cover {cover} of {path} cannot be used: {reason}")]
+    Cover {
+        /// The book.
+        path: PathBuf,
+        /// The cover file as named.
+        cover: String,
+        /// What is wrong and what to do.
+        reason: String,
+    },
     /// After cleaning, no sentence with a letter or digit remains.
     #[error(
         "input file {path} has nothing speakable: after removing markup, symbols and unsupported scripts no sentence is left; check that it is the right file and that it is English/Latin-script text"
@@ -129,6 +139,7 @@ impl TextError {
             Self::TooLarge { .. } => "too_large",
             Self::EpubBroken { .. } | Self::EpubMalformed { .. } => "epub_broken",
             Self::NothingSpeakable { .. } => "nothing_speakable",
+            Self::Cover { .. } => "cover",
         }
     }
 }

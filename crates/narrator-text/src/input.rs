@@ -76,7 +76,7 @@ pub(crate) fn parse_text(
     }
     check_bytes(text.as_bytes(), origin)?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let raw = match format {
+    let mut raw = match format {
         InputFormat::Text => plain::parse(text),
         InputFormat::Markdown => markdown::parse(text),
         InputFormat::Epub => {
@@ -86,6 +86,14 @@ pub(crate) fn parse_text(
             });
         }
     };
+    if let Some(cover) = raw.cover_path.take() {
+        // Relative to the book's folder (to the working folder for stdin).
+        let base = match origin.to_str() {
+            Some(STDIN_ORIGIN) => Path::new("."),
+            _ => origin.parent().unwrap_or(Path::new(".")),
+        };
+        raw.meta.cover = Some(read_cover(&base.join(&cover), &cover, origin)?);
+    }
     build::build(raw, opts, origin)
 }
 
@@ -97,6 +105,31 @@ pub(crate) fn parse_epub<R: Read + Seek>(
 ) -> Result<Document, TextError> {
     let raw = epub::parse(reader, opts, origin)?;
     build::build(raw, opts, origin)
+}
+
+/// Reads a cover image (JPEG or PNG) named `shown` for the book `book`.
+pub(crate) fn read_cover(
+    path: &Path,
+    shown: &str,
+    book: &Path,
+) -> Result<narrator_core::Cover, TextError> {
+    let problem = |reason: String| TextError::Cover {
+        path: book.to_path_buf(),
+        cover: shown.to_owned(),
+        reason,
+    };
+    let file = File::open(path).map_err(|e| {
+        problem(format!(
+            "{} cannot be opened ({}); fix the path (relative to the book's folder) or leave the cover out",
+            path.display(),
+            e.kind()
+        ))
+    })?;
+    let mut bytes = Vec::new();
+    file.take(narrator_core::MAX_COVER_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| problem(format!("{} cannot be read ({})", path.display(), e.kind())))?;
+    narrator_core::Cover::from_bytes(bytes).map_err(problem)
 }
 
 /// Validates raw bytes as UTF-8 text, after the empty and binary checks.

@@ -89,13 +89,16 @@ impl Default for LoadOptions {
 /// A whole book, ready to speak.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Document {
-    /// The book's title when the input names one (EPUB metadata, Markdown front matter
-    /// or lone `#` heading, the first line of a plain-text title block).
+    /// The book's title as written, when the input names one (EPUB metadata, Markdown
+    /// front matter or lone `#` heading, the first line of a plain-text title block).
     pub title: Option<String>,
     /// Chapters in reading order; never empty, none without paragraphs.
     pub chapters: Vec<Chapter>,
     /// What was skipped or guessed, one line per kind, meant for the user.
     pub warnings: Vec<String>,
+    /// Author, language, date, publisher and cover, as far as the input gives them
+    /// (EPUB metadata, Markdown front matter).
+    pub meta: narrator_core::BookMeta,
 }
 
 /// One chapter (or preface, part, prologue...).
@@ -144,6 +147,12 @@ pub fn parse_document(
     opts: &LoadOptions,
 ) -> Result<Document, TextError> {
     input::parse_text(text, format, opts, Path::new(input::STDIN_ORIGIN))
+}
+
+/// Reads a cover image given on the command line (JPEG or PNG, at most
+/// [`narrator_core::MAX_COVER_BYTES`]); `book` names the input in the error.
+pub fn load_cover(path: &Path, book: &Path) -> Result<narrator_core::Cover, TextError> {
+    input::read_cover(path, &path.display().to_string(), book)
 }
 
 /// Parses an EPUB held in memory (e.g. read from stdin).

@@ -22,7 +22,7 @@ enum Item {
 }
 
 pub(crate) fn parse(text: &str) -> RawBook {
-    let (items, meta_title) = items(text);
+    let (items, front) = items(text);
     let h1: Vec<usize> = items
         .iter()
         .enumerate()
@@ -37,7 +37,10 @@ pub(crate) fn parse(text: &str) -> RawBook {
     let h1_is_title = h1.len() == 1 && first_heading == h1.first().copied() && has_h2;
 
     let mut book = RawBook {
-        title: meta_title,
+        title: front.title,
+        meta: front.meta,
+        cover_path: front.cover,
+        warnings: front.warnings,
         ..RawBook::default()
     };
     if book.title.is_none() && h1.len() == 1 {
@@ -75,8 +78,8 @@ fn with_period(mut text: String) -> String {
     text
 }
 
-/// Headings and text blocks in order, plus a front-matter title.
-fn items(text: &str) -> (Vec<Item>, Option<String>) {
+/// Headings and text blocks in order, plus what the front matter says.
+fn items(text: &str) -> (Vec<Item>, FrontMatter) {
     let options = Options::ENABLE_YAML_STYLE_METADATA_BLOCKS
         | Options::ENABLE_STRIKETHROUGH
         | Options::ENABLE_TABLES
@@ -86,7 +89,8 @@ fn items(text: &str) -> (Vec<Item>, Option<String>) {
     let mut skip_depth = 0usize;
     let mut heading: Option<HeadingLevel> = None;
     let mut in_meta = false;
-    let mut meta_title = None;
+    let mut front = FrontMatter::default();
+    let mut meta_text = String::new();
 
     let flush = |buf: &mut String, items: &mut Vec<Item>, heading: Option<HeadingLevel>| {
         let text = buf.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -108,8 +112,11 @@ fn items(text: &str) -> (Vec<Item>, Option<String>) {
                 skip_depth = skip_depth.saturating_sub(1);
             }
             Event::Start(Tag::MetadataBlock(_)) => in_meta = true,
-            Event::End(TagEnd::MetadataBlock(_)) => in_meta = false,
-            Event::Text(t) if in_meta && meta_title.is_none() => meta_title = yaml_title(&t),
+            Event::End(TagEnd::MetadataBlock(_)) => {
+                in_meta = false;
+                front = front_matter(&meta_text);
+            }
+            Event::Text(t) if in_meta => meta_text.push_str(&t),
             Event::Text(_) if in_meta => {}
             Event::Start(Tag::Heading { level, .. }) => {
                 flush(&mut buf, &mut items, heading);
@@ -137,16 +144,61 @@ fn items(text: &str) -> (Vec<Item>, Option<String>) {
         }
     }
     flush(&mut buf, &mut items, heading);
-    (items, meta_title)
+    (items, front)
 }
 
-/// `title: Something` from YAML front matter (simple scalar form only).
-fn yaml_title(yaml: &str) -> Option<String> {
-    yaml.lines().find_map(|line| {
-        let value = line.strip_prefix("title:")?.trim();
-        let value = value.trim_matches(|c| c == '"' || c == '\'').trim();
-        (!value.is_empty()).then(|| value.to_owned())
-    })
+/// What YAML front matter says about the book.
+#[derive(Debug, Default, PartialEq)]
+struct FrontMatter {
+    title: Option<String>,
+    meta: narrator_core::BookMeta,
+    /// `cover:` as written (a path relative to the Markdown file).
+    cover: Option<String>,
+    warnings: Vec<String>,
+}
+
+/// Reads YAML front matter: `title`, `author` (or `authors`, a string or a list),
+/// `language` (or `lang`), `date` (or `year`), `publisher`, `cover` (or `cover-image`,
+/// `cover_image`). Unknown keys are ignored; front matter that is not YAML is a warning.
+fn front_matter(yaml: &str) -> FrontMatter {
+    use yaml_rust2::{Yaml, YamlLoader};
+    let mut front = FrontMatter::default();
+    let docs = match YamlLoader::load_from_str(yaml) {
+        Ok(docs) => docs,
+        Err(e) => {
+            front.warnings.push(format!(
+                "front matter is not valid YAML ({e}); its title, author and cover are ignored"
+            ));
+            return front;
+        }
+    };
+    let Some(doc) = docs.first() else {
+        return front;
+    };
+    let text = |v: &Yaml| -> Option<String> {
+        let s = match v {
+            Yaml::String(s) => s.clone(),
+            Yaml::Integer(i) => i.to_string(),
+            Yaml::Real(r) => r.clone(),
+            Yaml::Array(items) => items
+                .iter()
+                .filter_map(|i| i.as_str().map(str::trim))
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join(", "),
+            _ => return None,
+        };
+        let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+        (!s.is_empty()).then_some(s)
+    };
+    let first = |keys: &[&str]| keys.iter().find_map(|k| text(&doc[*k]));
+    front.title = first(&["title"]);
+    front.meta.author = first(&["author", "authors", "creator"]);
+    front.meta.language = first(&["language", "lang"]);
+    front.meta.date = first(&["date", "year"]);
+    front.meta.publisher = first(&["publisher"]);
+    front.cover = first(&["cover", "cover-image", "cover_image"]);
+    front
 }
 
 #[cfg(test)]
@@ -172,6 +224,30 @@ mod tests {
     }
 
     #[test]
+    fn front_matter_gives_the_book_metadata() {
+        let md = "---\ntitle: The Hunting of the Snark\nauthors:\n  - Lewis Carroll\n  - Henry Holiday\nlang: en-GB\nyear: 1876\npublisher: Macmillan\ncover: images/snark.jpg\nunknown: [1, 2]\n---\n\n## Fit the First\n\nJust the place for a Snark!\n";
+        let book = parse(md);
+        assert_eq!(book.title.as_deref(), Some("The Hunting of the Snark"));
+        assert_eq!(
+            book.meta.author.as_deref(),
+            Some("Lewis Carroll, Henry Holiday")
+        );
+        assert_eq!(book.meta.language.as_deref(), Some("en-GB"));
+        assert_eq!(book.meta.date.as_deref(), Some("1876"));
+        assert_eq!(book.meta.year(), Some("1876"));
+        assert_eq!(book.meta.publisher.as_deref(), Some("Macmillan"));
+        assert_eq!(book.cover_path.as_deref(), Some("images/snark.jpg"));
+        assert!(book.warnings.is_empty(), "{:?}", book.warnings);
+        let broken = parse("---\ntitle: [unclosed\n---\n\nText.\n");
+        assert_eq!(broken.title, None);
+        assert!(
+            broken.warnings[0].contains("not valid YAML"),
+            "{:?}",
+            broken.warnings
+        );
+    }
+
+    #[test]
     fn several_h1_are_chapters() {
         let book = parse("# Chapter I\n\nOne.\n\n# Chapter II\n\nTwo.\n\n## Part\n\nThree.");
         assert_eq!(book.title, None);
@@ -186,6 +262,7 @@ mod tests {
         let md = "---\ntitle: \"Front Title\"\nauthor: me\n---\n\nText with ![an image](x.png) and <b>html</b>.[^1]\n\n[^1]: A footnote.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n";
         let book = parse(md);
         assert_eq!(book.title.as_deref(), Some("Front Title"));
+        assert_eq!(book.meta.author.as_deref(), Some("me"));
         assert_eq!(book.chapters.len(), 1);
         assert_eq!(
             book.chapters[0].blocks,

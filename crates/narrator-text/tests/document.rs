@@ -664,3 +664,139 @@ fn document_round_trips_through_json() {
     let back: Document = serde_json::from_str(&json).expect("deserialize");
     assert_eq!(back, doc);
 }
+
+/// An EPUB of the given entries (bytes, so images can be in it).
+fn epub_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    use zip::write::SimpleFileOptions;
+    let mut buf = std::io::Cursor::new(Vec::new());
+    {
+        let mut zip = zip::ZipWriter::new(&mut buf);
+        for (name, body) in files {
+            zip.start_file(*name, SimpleFileOptions::default())
+                .expect("zip");
+            zip.write_all(body).expect("zip");
+        }
+        zip.finish().expect("zip");
+    }
+    buf.into_inner()
+}
+
+const JPEG: &[u8] = &[0xFF, 0xD8, 0xFF, 0xE0, 0, 16, b'J', b'F', b'I', b'F', 0];
+
+fn metadata_epub(metadata: &str, manifest_extra: &str, cover: Option<(&str, &[u8])>) -> Vec<u8> {
+    let container =
+        r#"<container><rootfiles><rootfile full-path="OPS/book.opf"/></rootfiles></container>"#;
+    let opf = format!(
+        r#"<?xml version="1.0"?>
+<package xmlns="http://www.idpf.org/2007/opf" xmlns:opf="http://www.idpf.org/2007/opf" version="2.0">
+  <metadata xmlns:dc="http://purl.org/dc/elements/1.1/">{metadata}</metadata>
+  <manifest>
+    <item id="c1" href="c1.xhtml" media-type="application/xhtml+xml"/>{manifest_extra}
+  </manifest>
+  <spine><itemref idref="c1"/></spine>
+</package>"#
+    );
+    let ch = r#"<html xmlns="http://www.w3.org/1999/xhtml"><body><h1>One</h1><p>A line of text.</p></body></html>"#;
+    let mut files: Vec<(&str, &[u8])> = vec![
+        ("META-INF/container.xml", container.as_bytes()),
+        ("OPS/book.opf", opf.as_bytes()),
+        ("OPS/c1.xhtml", ch.as_bytes()),
+    ];
+    if let Some(c) = cover {
+        files.push(c);
+    }
+    epub_of(&files)
+}
+
+#[test]
+fn epub_metadata_and_cover_come_with_the_document() {
+    // EPUB 2: roles in opf:role, dates by event, the cover named by <meta name="cover">.
+    let epub2 = metadata_epub(
+        r#"<dc:title>Alice</dc:title>
+           <dc:creator opf:role="ill">John Tenniel</dc:creator>
+           <dc:creator opf:role="aut">Lewis Carroll</dc:creator>
+           <dc:language>en-GB</dc:language>
+           <dc:date opf:event="creation">2008-06-27</dc:date>
+           <dc:date opf:event="publication">1865</dc:date>
+           <dc:publisher>Macmillan</dc:publisher>
+           <meta name="cover" content="img"/>"#,
+        r#"<item id="img" href="images/front.jpg" media-type="image/jpeg"/>"#,
+        Some(("OPS/images/front.jpg", JPEG)),
+    );
+    let doc = parse_epub_bytes(&epub2, &opts()).expect("epub 2");
+    assert_eq!(doc.title.as_deref(), Some("Alice"));
+    let m = &doc.meta;
+    assert_eq!(m.author.as_deref(), Some("Lewis Carroll"));
+    assert_eq!(m.language.as_deref(), Some("en-GB"));
+    assert_eq!(m.date.as_deref(), Some("1865"));
+    assert_eq!(m.publisher.as_deref(), Some("Macmillan"));
+    let cover = m.cover.as_ref().expect("cover");
+    assert_eq!(cover.mime, "image/jpeg");
+    assert_eq!(cover.data.as_slice(), JPEG);
+
+    // EPUB 3: roles in <meta refines>, the cover by properties="cover-image".
+    let epub3 = metadata_epub(
+        r##"<dc:title>Snark</dc:title>
+           <dc:creator id="a1">Lewis Carroll</dc:creator>
+           <meta refines="#a1" property="role">aut</meta>
+           <dc:creator id="a2">Henry Holiday</dc:creator>
+           <meta refines="#a2" property="role">ill</meta>"##,
+        r#"<item id="x" href="cv.png" media-type="image/png" properties="cover-image"/>"#,
+        Some(("OPS/cv.png", b"\x89PNG\r\n\x1a\n rest")),
+    );
+    let doc = parse_epub_bytes(&epub3, &opts()).expect("epub 3");
+    assert_eq!(doc.meta.author.as_deref(), Some("Lewis Carroll"));
+    assert_eq!(
+        doc.meta.cover.as_ref().map(|c| c.mime.as_str()),
+        Some("image/png")
+    );
+    assert!(doc.warnings.is_empty(), "{:?}", doc.warnings);
+
+    // A cover the manifest names but the archive lacks: a warning, no cover, no failure.
+    let missing = metadata_epub(
+        "<dc:title>T</dc:title>",
+        r#"<item id="cover" href="cover.jpg" media-type="image/jpeg"/>"#,
+        None,
+    );
+    let doc = parse_epub_bytes(&missing, &opts()).expect("epub");
+    assert!(doc.meta.cover.is_none());
+    assert!(
+        doc.warnings
+            .iter()
+            .any(|w| w.contains("cover.jpg") && w.contains("--cover")),
+        "{:?}",
+        doc.warnings
+    );
+}
+
+#[test]
+fn markdown_front_matter_cover_is_read_relative_to_the_book() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("img")).expect("mkdir");
+    write_file(&dir.path().join("img"), "c.jpg", JPEG);
+    let md = "---\ntitle: T\nauthor: A. Writer\ncover: img/c.jpg\n---\n\n# One\n\nText here.\n";
+    let path = write_file(dir.path(), "book.md", md.as_bytes());
+    let doc = load_document(&path, &opts()).expect("md");
+    assert_eq!(doc.meta.author.as_deref(), Some("A. Writer"));
+    assert_eq!(
+        doc.meta.cover.as_ref().map(|c| c.data.len()),
+        Some(JPEG.len())
+    );
+    // A cover that is missing or not an image is one clear error naming it.
+    let bad = write_file(
+        dir.path(),
+        "bad.md",
+        b"---\ncover: img/nope.jpg\n---\n\nText.\n",
+    );
+    let err = load_document(&bad, &opts()).expect_err("missing cover");
+    assert_eq!(err.kind(), "cover");
+    assert!(err.to_string().contains("img/nope.jpg"), "{err}");
+    write_file(&dir.path().join("img"), "c.gif", b"GIF89a....");
+    let gif = write_file(
+        dir.path(),
+        "gif.md",
+        b"---\ncover: img/c.gif\n---\n\nText.\n",
+    );
+    let err = load_document(&gif, &opts()).expect_err("gif cover");
+    assert!(err.to_string().contains("JPEG or PNG"), "{err}");
+}

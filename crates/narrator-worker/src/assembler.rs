@@ -130,12 +130,15 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
         seconds: manifest.book.seconds,
         bytes: size(&manifest.book.file),
     }];
-    outputs.extend(manifest.chapters.iter().map(|c| Output {
-        key: store.output_key(&job_text, &c.file),
-        kind: "chapter".into(),
-        name: c.file.clone(),
-        seconds: c.seconds,
-        bytes: size(&c.file),
+    outputs.extend(manifest.chapters.iter().filter_map(|c| {
+        let file = c.file.as_ref()?;
+        Some(Output {
+            key: store.output_key(&job_text, file),
+            kind: "chapter".into(),
+            name: file.clone(),
+            seconds: c.seconds,
+            bytes: size(file),
+        })
     }));
     outputs.push(Output {
         key: store.output_key(&job_text, "manifest.json"),

@@ -132,6 +132,29 @@ pub(crate) struct TextArgs {
     pub(crate) max_input_mb: u64,
 }
 
+/// The book's metadata, over what the input says (EPUB metadata, Markdown front matter).
+#[derive(Debug, Args, Clone, Default)]
+pub(crate) struct BookArgs {
+    /// Book title for tags, file names and the manifest.
+    #[arg(long)]
+    pub(crate) title: Option<String>,
+    /// Author(s), as they should be shown.
+    #[arg(long)]
+    pub(crate) author: Option<String>,
+    /// Cover image (JPEG or PNG) embedded in the audio files.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) cover: Option<PathBuf>,
+    /// Language of the book as a BCP 47 tag (en, en-GB, fr).
+    #[arg(long)]
+    pub(crate) language: Option<String>,
+    /// Publication date or year.
+    #[arg(long)]
+    pub(crate) date: Option<String>,
+    /// Publisher.
+    #[arg(long)]
+    pub(crate) publisher: Option<String>,
+}
+
 #[derive(Debug, Subcommand)]
 // Parsed once per process: the size of the largest variant does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -288,7 +311,7 @@ pub(crate) struct SubmitArgs {
     /// Voice name (see `narrator voices`).
     #[arg(long, env = "NARRATOR_VOICE", default_value = "en_US-joe-medium")]
     pub(crate) voice: String,
-    /// Audio format of the outputs: wav, opus or mp3.
+    /// Audio format of the outputs: wav, opus, mp3 or m4b.
     #[arg(long, default_value = "opus")]
     pub(crate) format: String,
     /// Priority recorded with the job (listed by `narrator jobs`).
@@ -299,6 +322,8 @@ pub(crate) struct SubmitArgs {
     pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) text: TextArgs,
+    #[command(flatten)]
+    pub(crate) book: BookArgs,
     #[command(flatten)]
     pub(crate) services: ServiceArgs,
 }
@@ -417,7 +442,7 @@ pub(crate) struct RunArgs {
     /// Output folder (created if missing).
     #[arg(long, short)]
     pub(crate) out: PathBuf,
-    /// Audio format: wav, opus or mp3.
+    /// Audio format: wav, opus, mp3 or m4b (one file with chapters, tags and cover).
     #[arg(long, default_value = "opus")]
     pub(crate) format: String,
     /// Print the final summary as JSON instead of a progress bar and text.
@@ -430,6 +455,8 @@ pub(crate) struct RunArgs {
     pub(crate) engine: EngineArgs,
     #[command(flatten)]
     pub(crate) text: TextArgs,
+    #[command(flatten)]
+    pub(crate) meta: BookArgs,
 }
 
 #[derive(Debug, Args)]

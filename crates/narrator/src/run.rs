@@ -19,7 +19,7 @@ use narrator_pipeline::{
 use narrator_text::{Document, InputFormat, LoadOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{EngineArgs, RunArgs, SynthArgs, TextArgs};
+use crate::cli::{BookArgs, EngineArgs, RunArgs, SynthArgs, TextArgs};
 use crate::engine;
 use crate::paths::Paths;
 use crate::progress::Progress;
@@ -144,8 +144,12 @@ async fn produce(
         if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
             && m.job_id == plan.job_id
             && m.format == format.extension()
+            && same_tags(&m, &plan)
             && out.join(&m.book.file).is_file()
-            && m.chapters.iter().all(|c| out.join(&c.file).is_file())
+            && m.chapters
+                .iter()
+                .flat_map(|c| &c.file)
+                .all(|f| out.join(f).is_file())
         {
             return Ok(Outcome {
                 resumed: plan.segments.len(),
@@ -154,7 +158,12 @@ async fn produce(
         }
         // The outputs it lists belong to another job or format: remove them with it.
         if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) {
-            for f in m.chapters.iter().map(|c| &c.file).chain([&m.book.file]) {
+            for f in m
+                .chapters
+                .iter()
+                .flat_map(|c| &c.file)
+                .chain([&m.book.file])
+            {
                 if !f.contains('/') {
                     let _ = std::fs::remove_file(out.join(f));
                 }
@@ -265,10 +274,57 @@ pub(crate) fn file_stem(p: &Path) -> String {
         .to_string()
 }
 
+/// Whether a finished book's files carry the tags this plan would give them (a new
+/// `--author` or cover rebuilds the files from the kept segments).
+fn same_tags(m: &Manifest, plan: &narrator_core::JobPlan) -> bool {
+    let without_cover = narrator_core::BookMeta {
+        cover: None,
+        ..plan.meta.clone()
+    };
+    let cover = plan
+        .meta
+        .cover
+        .as_ref()
+        .map(|c| (c.mime.as_str(), c.data.len() as u64));
+    m.book.title == plan.title
+        && m.book.meta == without_cover
+        && m.book.cover.as_ref().map(|c| (c.mime.as_str(), c.bytes)) == cover
+}
+
+/// Puts the flags' metadata over what the input says.
+pub(crate) fn apply_book_args(
+    doc: &mut narrator_text::Document,
+    args: &BookArgs,
+    book: &Path,
+) -> anyhow::Result<()> {
+    let clean = |s: &Option<String>| {
+        s.as_deref()
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|v| !v.is_empty())
+    };
+    if let Some(title) = clean(&args.title) {
+        doc.title = Some(title);
+    }
+    let cover = match &args.cover {
+        Some(path) => Some(narrator_text::load_cover(path, book)?),
+        None => None,
+    };
+    let flags = narrator_core::BookMeta {
+        author: clean(&args.author),
+        language: clean(&args.language),
+        date: clean(&args.date),
+        publisher: clean(&args.publisher),
+        cover,
+    };
+    doc.meta = std::mem::take(&mut doc.meta).overridden_by(flags);
+    Ok(())
+}
+
 /// `narrator run`.
 pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     let format: AudioFormat = args.format.parse()?;
-    let doc = narrator_text::load_document(&args.book, &load_options(&args.text))?;
+    let mut doc = narrator_text::load_document(&args.book, &load_options(&args.text))?;
+    apply_book_args(&mut doc, &args.meta, &args.book)?;
     writable_dir(&args.out)?;
     // Validate the voice before anything else is written.
     engine::find_voice(paths, &args.engine)?;

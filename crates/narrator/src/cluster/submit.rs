@@ -15,7 +15,7 @@ use tracing::{Instrument, info_span};
 use crate::cli::SubmitArgs;
 use crate::cluster;
 use crate::paths::Paths;
-use crate::run::{file_stem, identity_digest, load_options};
+use crate::run::{apply_book_args, file_stem, identity_digest, load_options};
 
 const BOOK_EXTENSIONS: [&str; 5] = ["txt", "md", "markdown", "epub", "text"];
 
@@ -79,12 +79,21 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     // Every input is read and planned before anything is recorded or enqueued. Each book
     // is its own trace (a root span), which its segments and its assembly join.
     let mut plans: Vec<(JobPlan, tracing::Span)> = Vec::new();
-    for book in expand(&args.inputs)? {
+    let books = expand(&args.inputs)?;
+    if args.book.title.is_some() && books.len() > 1 {
+        bail!(
+            "--title names one book, and {} were given; submit them one by one, or put each \
+             title in its file (EPUB metadata, Markdown front matter `title:`)",
+            books.len()
+        );
+    }
+    for book in books {
         let span = info_span!(parent: None, "submit", otel.name = %format!("submit {}", file_stem(&book)),
             narrator.source = %book.display(), narrator.voice = %voice.name, narrator.job_id = tracing::field::Empty);
         let _entered = span.enter();
-        let doc = info_span!("read", narrator.source = %book.display())
+        let mut doc = info_span!("read", narrator.source = %book.display())
             .in_scope(|| narrator_text::load_document(&book, &opts))?;
+        apply_book_args(&mut doc, &args.book, &book)?;
         for w in &doc.warnings {
             eprintln!("warning: {}: {w}", book.display());
         }
