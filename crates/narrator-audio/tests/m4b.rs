@@ -233,16 +233,22 @@ fn m4b_needs_a_file_and_a_readable_cover() -> TestResult {
     Ok(())
 }
 
-/// Format tags with lower-case keys (Ogg keeps Vorbis comments' upper case).
+/// The file's tags with lower-case keys: the container's, and the audio stream's (where
+/// FFmpeg puts an Ogg stream's Vorbis comments, in their upper case).
 fn tags_of(p: &serde_json::Value) -> std::collections::HashMap<String, String> {
-    p["format"]["tags"]
-        .as_object()
-        .map(|m| {
-            m.iter()
+    let audio = p["streams"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["codec_type"] == "audio"))
+        .map(|s| s["tags"].clone());
+    [Some(p["format"]["tags"].clone()), audio]
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.as_object().cloned())
+        .flat_map(|m| {
+            m.into_iter()
                 .map(|(k, v)| (k.to_lowercase(), v.as_str().unwrap_or_default().to_owned()))
-                .collect()
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 #[test]
