@@ -11,7 +11,7 @@ use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::types::FieldTable;
 use narrator_broker::{DEAD_LETTER_QUEUE, DEAD_REASON_HEADER, SegmentMessage};
 use narrator_db::{JobState, Uuid};
-use narrator_test_support::{VOICE, World, book_text, indices, output_key, root};
+use narrator_test_support::{VOICE, World, book_text, indices, media, output_key, root};
 
 #[test]
 fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
@@ -685,4 +685,41 @@ fn out_of_memory_is_recorded_and_the_worker_falls_back_to_cpu() {
         w.status(job)["segments_total"].as_u64().unwrap_or(0) as usize
     );
     assert!(w.worker_log("oom").contains("fell back to cpu"));
+}
+
+/// Distributed M4B: the book's front matter and cover travel with the job (jobs table),
+/// a worker assembles one M4B whose chapters, tags and cover ffprobe reads back, and no
+/// chapter outputs are listed.
+#[test]
+fn an_m4b_with_front_matter_and_cover_is_assembled_by_a_worker() {
+    let mut w = World::new();
+    std::fs::write(w.tmp.path().join("cover.png"), media::PNG).expect("cover");
+    let book = w.book(
+        "ledger.md",
+        &format!(
+            "---\ntitle: The Keeper's Ledger\nauthor: Mara Quill\nlanguage: en-GB\ndate: 1999\npublisher: Tide Press\ncover: cover.png\n---\n\n{}",
+            book_text(3, 3, None)
+        ),
+    );
+    w.worker("m4b", &["--engine", "null"], &[]);
+    let job = w.submit(&book, &["--format", "m4b"]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(60));
+    let status = w.status(job);
+    let kinds: Vec<&str> = status["outputs"]
+        .as_array()
+        .expect("outputs")
+        .iter()
+        .filter_map(|o| o["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["book", "manifest"], "{status}");
+    let manifest = w.manifest(job);
+    assert_eq!(manifest["book"]["author"], "Mara Quill");
+    assert_eq!(manifest["book"]["publisher"], "Tide Press");
+    let m4b = w.tmp.path().join("book.m4b");
+    std::fs::write(&m4b, w.s3_get(&output_key(&status, "book"))).expect("download");
+    let tags = media::check_m4b(&manifest, &m4b);
+    assert_eq!(tags["title"], "The Keeper's Ledger");
+    assert_eq!(tags["artist"], "Mara Quill");
+    assert_eq!(tags["date"], "1999");
+    assert_eq!(manifest["chapters"].as_array().map(Vec::len), Some(3));
 }

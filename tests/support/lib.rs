@@ -20,6 +20,7 @@ use narrator_s3::{S3AudioStore, S3Config};
 
 pub use narrator_db;
 
+pub mod media;
 pub mod otlp;
 pub mod prometheus;
 pub mod tls;

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use narrator_test_support::media::{self, PNG};
+
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
 fn narrator() -> Command {
@@ -452,11 +454,14 @@ fn ctrl_c_stops_cleanly_and_says_how_to_resume() {
 }
 
 /// A minimal EPUB 3: container, OPF with a spine of two chapters, and a nav TOC.
+/// A two-chapter EPUB 3 with an author and a cover.
 fn tiny_epub(path: &Path) {
     use std::io::Write;
     let f = std::fs::File::create(path).expect("create");
     let mut z = zip::ZipWriter::new(f);
     let opt = zip::write::SimpleFileOptions::default();
+    z.start_file("OEBPS/cover.png", opt).expect("entry");
+    z.write_all(&PNG).expect("write");
     let mut put = |name: &str, body: &str| {
         z.start_file(name, opt).expect("entry");
         z.write_all(body.as_bytes()).expect("write");
@@ -468,7 +473,7 @@ fn tiny_epub(path: &Path) {
     );
     put(
         "OEBPS/book.opf",
-        r#"<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0"><metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>Harbour Notes</dc:title></metadata><manifest><item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/><item id="a" href="a.xhtml" media-type="application/xhtml+xml"/><item id="b" href="b.xhtml" media-type="application/xhtml+xml"/></manifest><spine><itemref idref="a"/><itemref idref="b"/></spine></package>"#,
+        r#"<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0"><metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>Harbour Notes</dc:title><dc:creator>Ada Quay</dc:creator><dc:language>en</dc:language><dc:date>1901</dc:date><dc:publisher>Tide Press</dc:publisher></metadata><manifest><item id="cv" href="cover.png" media-type="image/png" properties="cover-image"/><item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/><item id="a" href="a.xhtml" media-type="application/xhtml+xml"/><item id="b" href="b.xhtml" media-type="application/xhtml+xml"/></manifest><spine><itemref idref="a"/><itemref idref="b"/></spine></package>"#,
     );
     put(
         "OEBPS/nav.xhtml",
@@ -509,6 +514,95 @@ fn an_epub_becomes_chapters_named_by_its_table_of_contents() {
     assert_eq!(titles, ["Morning Tide", "Evening Tide"]);
     assert_eq!(m["book"]["title"], "Harbour Notes");
     assert!(m["book"]["seconds"].as_f64().expect("secs") > 3.0);
+}
+
+/// The M4B in `out`: one file beside the manifest, checked by an independent reader
+/// against the manifest (see `media::check_m4b`). Returns the format tags.
+fn check_m4b(out: &Path) -> serde_json::Value {
+    let m = manifest(out);
+    let files: Vec<_> = std::fs::read_dir(out)
+        .expect("out")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert_eq!(files.len(), 2, "one M4B and the manifest: {files:?}");
+    let book = out.join(m["book"]["file"].as_str().expect("book file"));
+    media::check_m4b(&m, &book)
+}
+
+#[test]
+fn m4b_from_an_epub_and_from_markdown_front_matter_carries_chapters_tags_and_cover() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let epub = dir.path().join("harbour.epub");
+    tiny_epub(&epub);
+    let out = dir.path().join("epub");
+    run_ok(&[
+        "run",
+        epub.to_str().expect("utf8"),
+        "--out",
+        out.to_str().expect("utf8"),
+        "--format",
+        "m4b",
+    ]);
+    let tags = check_m4b(&out);
+    assert_eq!(tags["title"], "Harbour Notes");
+    assert_eq!(tags["album"], "Harbour Notes");
+    assert_eq!(tags["artist"], "Ada Quay");
+    assert_eq!(tags["date"], "1901");
+    assert_eq!(tags["composer"], "narrator (en_US-joe-medium)");
+    let m = manifest(&out);
+    assert_eq!(m["book"]["publisher"], "Tide Press");
+    assert_eq!(m["book"]["language"], "en");
+
+    // Markdown: front matter and a cover beside the book; --author overrides the file.
+    std::fs::write(dir.path().join("front.png"), PNG).expect("cover");
+    let md = dir.path().join("ledger.md");
+    std::fs::write(
+        &md,
+        "---\ntitle: The Keeper's Ledger\nauthor: Someone Else\ndate: 2024-03-14\ncover: front.png\n---\n\n# Steps\n\nShe climbed the steps. The lamp was lit.\n\n# Tea\n\nThey drank the tea together.\n",
+    )
+    .expect("md");
+    let out = dir.path().join("md");
+    run_ok(&[
+        "run",
+        md.to_str().expect("utf8"),
+        "--out",
+        out.to_str().expect("utf8"),
+        "--format",
+        "m4b",
+        "--author",
+        "Mara Quill",
+    ]);
+    let tags = check_m4b(&out);
+    assert_eq!(tags["title"], "The Keeper's Ledger");
+    assert_eq!(tags["artist"], "Mara Quill");
+    assert_eq!(tags["date"], "2024-03-14");
+    let m = manifest(&out);
+    let titles: Vec<&str> = m["chapters"]
+        .as_array()
+        .expect("chapters")
+        .iter()
+        .map(|c| c["title"].as_str().expect("t"))
+        .collect();
+    assert_eq!(titles, ["Steps", "Tea"]);
+
+    // A cover that is not an image: one line naming it, nothing written.
+    std::fs::write(dir.path().join("notes.txt"), "not an image").expect("txt");
+    let bad = dir.path().join("bad");
+    let err = run_err(&[
+        "run",
+        md.to_str().expect("utf8"),
+        "--out",
+        bad.to_str().expect("utf8"),
+        "--cover",
+        dir.path().join("notes.txt").to_str().expect("utf8"),
+    ]);
+    assert!(
+        err.contains("notes.txt") && err.contains("JPEG or PNG"),
+        "{err}"
+    );
+    assert!(!bad.join("manifest.json").exists());
 }
 
 fn wav_samples(path: &Path) -> Vec<i16> {

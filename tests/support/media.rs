@@ -1,0 +1,88 @@
+//! Audio files read back by an independent reader: FFmpeg's `ffprobe` and `ffmpeg`
+//! (Debian's ffmpeg package, installed by ops/setup.sh), never the libraries' calls
+//! that wrote them.
+
+use std::path::Path;
+use std::process::Command;
+
+/// A valid 1×1 PNG: the cover of the test books.
+pub const PNG: [u8; 67] = [
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
+    0x89, 0x00, 0x00, 0x00, 0x0A, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0x00, 0x01, 0x00, 0x00,
+    0x05, 0x00, 0x01, 0x0D, 0x0A, 0x2D, 0xB4, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4E, 0x44, 0xAE,
+    0x42, 0x60, 0x82,
+];
+
+/// `ffprobe -of json` of a file: format, streams and chapters.
+pub fn ffprobe(path: &Path) -> serde_json::Value {
+    let out = Command::new("ffprobe")
+        .args([
+            "-v",
+            "error",
+            "-of",
+            "json",
+            "-show_format",
+            "-show_streams",
+        ])
+        .arg("-show_chapters")
+        .arg(path)
+        .output()
+        .expect("ffprobe (Debian's ffmpeg, installed by ops/setup.sh)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("ffprobe JSON")
+}
+
+/// An M4B against its manifest: its duration, every chapter's title and start (within
+/// one AAC frame at 22050 Hz), AAC audio, no chapter files listed, the PNG cover
+/// embedded. Returns the format tags for the caller's checks.
+pub fn check_m4b(manifest: &serde_json::Value, book: &Path) -> serde_json::Value {
+    let frame = 1024.0 / 22050.0;
+    assert_eq!(manifest["format"], "m4b");
+    assert!(
+        book.to_string_lossy().ends_with(".m4b"),
+        "{}",
+        book.display()
+    );
+    let p = ffprobe(book);
+    let secs = |v: &serde_json::Value| {
+        v.as_str()
+            .and_then(|s| s.parse::<f64>().ok())
+            .expect("a time")
+    };
+    let duration = secs(&p["format"]["duration"]);
+    let want = manifest["book"]["seconds"].as_f64().expect("seconds");
+    assert!((duration - want).abs() <= frame, "{duration} vs {want}");
+    let chapters = p["chapters"].as_array().expect("chapters");
+    let listed = manifest["chapters"].as_array().expect("chapters");
+    assert_eq!(chapters.len(), listed.len(), "{p}");
+    for (c, l) in chapters.iter().zip(listed) {
+        assert_eq!(c["tags"]["title"], l["title"]);
+        assert!(l.get("file").is_none(), "no chapter files for M4B: {l}");
+        let start = secs(&c["start_time"]);
+        let want = l["start_seconds"].as_f64().expect("start");
+        assert!(
+            (start - want).abs() <= frame,
+            "{}: {start} vs {want}",
+            l["title"]
+        );
+    }
+    let streams = p["streams"].as_array().expect("streams");
+    assert!(
+        streams
+            .iter()
+            .any(|s| s["codec_type"] == "audio" && s["codec_name"] == "aac"),
+        "{p}"
+    );
+    let cover = streams
+        .iter()
+        .find(|s| s["disposition"]["attached_pic"] == 1)
+        .expect("a cover");
+    assert_eq!(cover["codec_name"], "png");
+    assert_eq!(manifest["book"]["cover"]["bytes"], PNG.len());
+    p["format"]["tags"].clone()
+}
