@@ -6,3 +6,7 @@ ALTER TABLE jobs
     ADD COLUMN metadata   jsonb NOT NULL DEFAULT '{}',
     ADD COLUMN cover      bytea,
     ADD COLUMN cover_type text;
+
+-- The pronunciation lexicon applied to the job's segments (its source text, for the
+-- record: the replacements are already in segments.text, so every worker says the same).
+ALTER TABLE jobs ADD COLUMN lexicon text;

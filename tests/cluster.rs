@@ -691,7 +691,7 @@ fn out_of_memory_is_recorded_and_the_worker_falls_back_to_cpu() {
 /// a worker assembles one M4B whose chapters, tags and cover ffprobe reads back, and no
 /// chapter outputs are listed.
 #[test]
-fn an_m4b_with_front_matter_and_cover_is_assembled_by_a_worker() {
+fn an_m4b_with_front_matter_cover_and_lexicons_is_assembled_by_a_worker() {
     let mut w = World::new();
     std::fs::write(w.tmp.path().join("cover.png"), media::PNG).expect("cover");
     let book = w.book(
@@ -701,8 +701,48 @@ fn an_m4b_with_front_matter_and_cover_is_assembled_by_a_worker() {
             book_text(3, 3, None)
         ),
     );
+    // The book's own lexicon (beside it) and one given by flag: both go into the
+    // segments' text, and the job records them.
+    std::fs::write(w.tmp.path().join("ledger.lexicon"), "sentence = sentinel\n").expect("lexicon");
+    let extra = w.tmp.path().join("more.lexicon");
+    std::fs::write(&extra, "/\\bline (\\d)/ = row $1\n").expect("lexicon");
     w.worker("m4b", &["--engine", "null"], &[]);
-    let job = w.submit(&book, &["--format", "m4b"]);
+    let job = w.submit(
+        &book,
+        &[
+            "--format",
+            "m4b",
+            "--lexicon",
+            extra.to_str().expect("utf8"),
+        ],
+    );
+    let recorded: Option<String> =
+        w.rt.block_on(
+            sqlx::query_scalar("SELECT lexicon FROM jobs WHERE id = $1")
+                .bind(job)
+                .fetch_one(&w.pool),
+        )
+        .expect("lexicon column");
+    assert_eq!(
+        recorded.as_deref(),
+        Some("sentence = sentinel\n/\\bline (\\d)/ = row $1\n")
+    );
+    let texts: Vec<String> =
+        w.rt.block_on(
+            sqlx::query_scalar("SELECT text FROM segments WHERE job_id = $1 ORDER BY idx")
+                .bind(job)
+                .fetch_all(&w.pool),
+        )
+        .expect("segments");
+    assert!(
+        texts[0] == "sentinel number 1 of chapter 1 is here, row 0.",
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .all(|t| !t.contains("Sentence") && !t.contains("line"))
+    );
     w.wait_state(job, JobState::Done, Duration::from_secs(60));
     let status = w.status(job);
     let kinds: Vec<&str> = status["outputs"]

@@ -79,6 +79,10 @@ pub struct JobPlan {
     /// What the book says about itself (author, language, cover...), for the outputs' tags.
     #[serde(default)]
     pub meta: BookMeta,
+    /// The pronunciation lexicon applied to the segments' text (its source, for the
+    /// record; the replacements are already in `segments`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lexicon: Option<String>,
 }
 
 /// What a book says about itself beyond its title: from EPUB metadata, Markdown front

@@ -428,7 +428,7 @@ pub async fn job_trace(
 pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
     let row = sqlx::query(
         "SELECT title, source, voice, format, state, chapters, warnings, settings, metadata, \
-         cover, cover_type FROM jobs WHERE id = $1",
+         cover, cover_type, lexicon FROM jobs WHERE id = $1",
     )
     .bind(job)
     .fetch_optional(pool)
@@ -466,6 +466,7 @@ pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
             segments,
             warnings,
             meta,
+            lexicon: row.try_get("lexicon")?,
         },
         format: row.try_get("format")?,
         settings,

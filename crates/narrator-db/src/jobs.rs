@@ -123,8 +123,8 @@ pub async fn create_job(
     let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO jobs (id, content_id, title, source, voice, format, priority, \
-         segments_total, chapters, warnings, metadata, cover, cover_type) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+         segments_total, chapters, warnings, metadata, cover, cover_type, lexicon) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(id)
     .bind(&plan.job_id)
@@ -139,6 +139,7 @@ pub async fn create_job(
     .bind(Json(&plan.meta))
     .bind(plan.meta.cover.as_ref().map(|c| c.data.as_slice()))
     .bind(plan.meta.cover.as_ref().map(|c| c.mime.as_str()))
+    .bind(plan.lexicon.as_deref())
     .execute(&mut *tx)
     .await
     .map_err(|e| DbError::on_job(id, e))?;

@@ -65,6 +65,7 @@ fn plan(chapters: u32, per: u32) -> JobPlan {
                 data: std::sync::Arc::new(vec![0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3]),
             }),
         },
+        lexicon: Some("Cheshire = Chesh-er\n".into()),
     }
 }
 
@@ -115,6 +116,7 @@ async fn a_job_is_recorded_with_its_segments_and_completes_on_the_last(pool: PgP
     // The book's metadata and cover come back for the assembler.
     let stored = narrator_db::load_job(&pool, job).await.expect("load");
     assert_eq!(stored.plan.meta, p.meta);
+    assert_eq!(stored.plan.lexicon, p.lexicon);
     assert_eq!(stored.plan.title, "Alice");
 
     // A second submission of the same plan is a new job.

@@ -581,6 +581,7 @@ mod tests {
             ],
             warnings: vec![],
             meta: Default::default(),
+            lexicon: None,
         }
     }
 

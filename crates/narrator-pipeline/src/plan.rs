@@ -84,6 +84,7 @@ pub fn plan_job(
         segments,
         warnings: doc.warnings.clone(),
         meta: doc.meta.clone(),
+        lexicon: None,
     }
 }
 

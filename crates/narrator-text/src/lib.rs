@@ -18,6 +18,7 @@ mod epub;
 mod error;
 mod heading;
 mod input;
+mod lexicon;
 mod markdown;
 mod normalize;
 mod plain;
@@ -28,6 +29,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use error::TextError;
+pub use lexicon::{Lexicon, LexiconError};
 pub use normalize::normalize_text;
 pub use segment::{cap_sentence, split_sentences};
 
@@ -119,6 +121,22 @@ pub struct Paragraph {
 }
 
 impl Document {
+    /// Applies a pronunciation lexicon to every sentence (not to titles: they are also
+    /// the tags and file names, as written).
+    pub fn apply_lexicon(&mut self, lexicon: &Lexicon) {
+        if lexicon.is_empty() {
+            return;
+        }
+        for s in self
+            .chapters
+            .iter_mut()
+            .flat_map(|c| &mut c.paragraphs)
+            .flat_map(|p| &mut p.sentences)
+        {
+            *s = lexicon.apply(s);
+        }
+    }
+
     /// Number of sentences in the whole document.
     pub fn sentence_count(&self) -> usize {
         self.chapters.iter().map(Chapter::sentence_count).sum()

@@ -130,6 +130,10 @@ pub(crate) struct TextArgs {
     /// Largest input accepted, in MiB.
     #[arg(long, default_value_t = 16)]
     pub(crate) max_input_mb: u64,
+    /// Pronunciation lexicon (`WORD = respelling`, `WORD = [[IPA]]`, `/REGEX/ = ...`; see
+    /// the README). Repeatable; applied after the book's own `BOOK.lexicon`, in order.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) lexicon: Vec<PathBuf>,
 }
 
 /// The book's metadata, over what the input says (EPUB metadata, Markdown front matter).

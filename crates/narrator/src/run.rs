@@ -16,7 +16,7 @@ use narrator_pipeline::{
     AssembleOptions, AudioIdentity, Event, JournalStateStore, LocalAudioStore, RunOptions, Stages,
     assemble, plan_job, synthesize_job,
 };
-use narrator_text::{Document, InputFormat, LoadOptions};
+use narrator_text::{Document, InputFormat, Lexicon, LoadOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{BookArgs, EngineArgs, RunArgs, SynthArgs, TextArgs};
@@ -274,6 +274,23 @@ pub(crate) fn file_stem(p: &Path) -> String {
         .to_string()
 }
 
+/// The lexicon for `book`: `BOOK_STEM.lexicon` beside it when there is one (the book's
+/// own), then every `--lexicon` file in order. A line that cannot be used is an error.
+pub(crate) fn lexicon_for(book: Option<&Path>, args: &TextArgs) -> anyhow::Result<Lexicon> {
+    let mut lexicon = Lexicon::default();
+    if let Some(own) = book
+        .map(|b| b.with_extension("lexicon"))
+        .filter(|p| p.is_file())
+    {
+        lexicon = Lexicon::load(&own)?;
+        tracing::info!(file = %own.display(), entries = lexicon.len(), "the book's lexicon");
+    }
+    for file in &args.lexicon {
+        lexicon = lexicon.then(Lexicon::load(file)?);
+    }
+    Ok(lexicon)
+}
+
 /// Whether a finished book's files carry the tags this plan would give them (a new
 /// `--author` or cover rebuilds the files from the kept segments).
 fn same_tags(m: &Manifest, plan: &narrator_core::JobPlan) -> bool {
@@ -325,6 +342,7 @@ pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     let format: AudioFormat = args.format.parse()?;
     let mut doc = narrator_text::load_document(&args.book, &load_options(&args.text))?;
     apply_book_args(&mut doc, &args.meta, &args.book)?;
+    doc.apply_lexicon(&lexicon_for(Some(&args.book), &args.text)?);
     writable_dir(&args.out)?;
     // Validate the voice before anything else is written.
     engine::find_voice(paths, &args.engine)?;
@@ -403,7 +421,7 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         )
     })?;
     let opts = load_options(&args.text);
-    let (doc, source) = if args.input == Path::new("-") {
+    let (mut doc, source) = if args.input == Path::new("-") {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
             .context("reading standard input")?;
@@ -423,6 +441,8 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
             args.input.display().to_string(),
         )
     };
+    let book = (args.input != Path::new("-")).then_some(args.input.as_path());
+    doc.apply_lexicon(&lexicon_for(book, &args.text)?);
     for w in &doc.warnings {
         eprintln!("warning: {w}");
     }

@@ -15,7 +15,7 @@ use tracing::{Instrument, info_span};
 use crate::cli::SubmitArgs;
 use crate::cluster;
 use crate::paths::Paths;
-use crate::run::{apply_book_args, file_stem, identity_digest, load_options};
+use crate::run::{apply_book_args, file_stem, identity_digest, lexicon_for, load_options};
 
 const BOOK_EXTENSIONS: [&str; 5] = ["txt", "md", "markdown", "epub", "text"];
 
@@ -94,6 +94,8 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
         let mut doc = info_span!("read", narrator.source = %book.display())
             .in_scope(|| narrator_text::load_document(&book, &opts))?;
         apply_book_args(&mut doc, &args.book, &book)?;
+        let lexicon = lexicon_for(Some(&book), &args.text)?;
+        doc.apply_lexicon(&lexicon);
         for w in &doc.warnings {
             eprintln!("warning: {}: {w}", book.display());
         }
@@ -110,6 +112,8 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
                 },
             )
         });
+        let mut plan = plan;
+        plan.lexicon = (!lexicon.is_empty()).then(|| lexicon.source().to_owned());
         if plan.segments.is_empty() {
             bail!(
                 "{source} has nothing speakable after cleaning; check that it holds readable text"

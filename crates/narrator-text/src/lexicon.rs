@@ -1,0 +1,254 @@
+//! Pronunciation lexicons: how to say the words the voice gets wrong.
+//!
+//! A lexicon is a UTF-8 text file, one entry per line, `#` starts a comment line:
+//!
+//! ```text
+//! # word (or several words) = what to say instead
+//! Cheshire = Chesh-er
+//! Hermione = her-my-oh-nee
+//! # phonemes, in the voice's IPA, inside [[ ]] (as Piper reads them)
+//! Nguyen = [[ŋwˈiən]]
+//! # a regular expression between slashes (Rust regex syntax)
+//! /\bch\.\s*(\d+)/ = chapter $1
+//! ```
+//!
+//! Rules:
+//! - A word entry matches whole words only (`Cheshire` does not match `Cheshires`), in
+//!   any case (`cheshire`, `CHESHIRE`); inner spaces match any run of spaces.
+//! - A regex entry (`/…/`) is case-sensitive unless it says `(?i)`; `$1`… in the
+//!   replacement are its groups.
+//! - Entries apply in file order to each sentence **after** normalization (so `Mr.` is
+//!   already `Mister`, numbers are words), just before phonemization. Text an earlier
+//!   entry produced inside `[[ ]]` is never matched again.
+//! - Several lexicons (the book's, then `--lexicon` files) are one list, in that order.
+//!
+//! The replacement goes into the segment text itself, so a distributed job carries it
+//! in its messages and every worker says the same.
+
+use std::path::Path;
+
+use regex::Regex;
+
+/// One entry.
+#[derive(Debug, Clone)]
+struct Entry {
+    pattern: Regex,
+    replacement: String,
+}
+
+/// Entries in order, with their source text (stored with a job).
+#[derive(Debug, Clone, Default)]
+pub struct Lexicon {
+    entries: Vec<Entry>,
+    source: String,
+}
+
+/// A lexicon line that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("lexicon {file}, line {line}: {reason}")]
+pub struct LexiconError {
+    /// The file (or `<flag>`).
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// What is wrong and what to do.
+    pub reason: String,
+}
+
+impl Lexicon {
+    /// Parses lexicon text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Lexicon, LexiconError> {
+        let mut entries = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let err = |reason: String| LexiconError {
+                file: file.to_owned(),
+                line: i + 1,
+                reason,
+            };
+            let (pattern, replacement) = split_entry(line).ok_or_else(|| {
+                err("expected `WORD = REPLACEMENT` or `/REGEX/ = REPLACEMENT`".into())
+            })?;
+            let replacement = replacement.trim();
+            if replacement.is_empty() {
+                return Err(err(
+                    "the replacement is empty; say what to pronounce, or remove the line".into(),
+                ));
+            }
+            if replacement.contains("[[") != replacement.contains("]]") {
+                return Err(err(
+                    "phonemes go inside [[ and ]]; one of the two is missing".into(),
+                ));
+            }
+            let pattern = if let Some(re) =
+                pattern.strip_prefix('/').and_then(|p| p.strip_suffix('/'))
+            {
+                Regex::new(re).map_err(|e| err(format!("invalid regular expression: {e}")))?
+            } else {
+                let words: Vec<String> = pattern.split_whitespace().map(regex::escape).collect();
+                if words.is_empty() {
+                    return Err(err("the word to replace is empty".into()));
+                }
+                Regex::new(&format!(r"(?i)\b{}\b", words.join(r"\s+")))
+                    .map_err(|e| err(format!("cannot match this word: {e}")))?
+            };
+            entries.push(Entry {
+                pattern,
+                replacement: replacement.to_owned(),
+            });
+        }
+        Ok(Lexicon {
+            entries,
+            source: text.to_owned(),
+        })
+    }
+
+    /// Reads and parses a lexicon file.
+    pub fn load(path: &Path) -> Result<Lexicon, LexiconError> {
+        let text = std::fs::read_to_string(path).map_err(|e| LexiconError {
+            file: path.display().to_string(),
+            line: 0,
+            reason: format!(
+                "cannot be read ({}); check the path, and that it is UTF-8 text",
+                e.kind()
+            ),
+        })?;
+        Lexicon::parse(&text, &path.display().to_string())
+    }
+
+    /// This lexicon's entries followed by `later`'s.
+    pub fn then(mut self, later: Lexicon) -> Lexicon {
+        self.entries.extend(later.entries);
+        if !later.source.is_empty() {
+            if !self.source.is_empty() && !self.source.ends_with('\n') {
+                self.source.push('\n');
+            }
+            self.source.push_str(&later.source);
+        }
+        self
+    }
+
+    /// No entries.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The text the entries came from (all files, in order).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// `sentence` with every entry applied in order, `[[ ]]` blocks left alone.
+    pub fn apply(&self, sentence: &str) -> String {
+        let mut text = sentence.to_owned();
+        for e in &self.entries {
+            if !e.pattern.is_match(&text) {
+                continue;
+            }
+            text = outside_phonemes(&text, |part| {
+                e.pattern
+                    .replace_all(part, e.replacement.as_str())
+                    .into_owned()
+            });
+        }
+        text
+    }
+}
+
+/// `WORD = REPLACEMENT` at the first ` = ` outside a regex, or `/REGEX/ = REPLACEMENT`.
+fn split_entry(line: &str) -> Option<(&str, &str)> {
+    if line.starts_with('/') {
+        // The regex ends at the last `/` before a `=`.
+        let eq = line.rfind('=')?;
+        let (pat, rest) = line.split_at(eq);
+        let pat = pat.trim();
+        return (pat.len() >= 2 && pat.ends_with('/')).then(|| (pat, &rest[1..]));
+    }
+    let (word, replacement) = line.split_once('=')?;
+    Some((word.trim(), replacement))
+}
+
+/// Applies `f` to the parts of `text` outside `[[ … ]]`.
+fn outside_phonemes(text: &str, mut f: impl FnMut(&str) -> String) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("[[") {
+        out.push_str(&f(&rest[..start]));
+        match rest[start..].find("]]") {
+            Some(end) => {
+                out.push_str(&rest[start..start + end + 2]);
+                rest = &rest[start + end + 2..];
+            }
+            None => {
+                out.push_str(&rest[start..]);
+                rest = "";
+            }
+        }
+    }
+    out.push_str(&f(rest));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lex(text: &str) -> Lexicon {
+        Lexicon::parse(text, "test").expect("lexicon")
+    }
+
+    #[test]
+    fn words_match_whole_words_in_any_case() {
+        let l = lex("# names\nCheshire = Chesh-er\n\nNew York = Noo York\n");
+        assert_eq!(l.len(), 2);
+        assert_eq!(
+            l.apply("The Cheshire cat, CHESHIRE, cheshire; not Cheshires."),
+            "The Chesh-er cat, Chesh-er, Chesh-er; not Cheshires."
+        );
+        assert_eq!(l.apply("In New  York."), "In Noo York.");
+    }
+
+    #[test]
+    fn regexes_are_case_sensitive_and_take_groups() {
+        let l = lex(r"/\bch (\d+)/ = chapter $1");
+        assert_eq!(l.apply("see ch 4, Ch 5"), "see chapter 4, Ch 5");
+    }
+
+    #[test]
+    fn phonemes_are_not_matched_again() {
+        let l = lex("Nguyen = [[ŋwˈiən]]\nwˈiən = nope\nn = en\n");
+        assert_eq!(l.apply("Mr Nguyen"), "Mr [[ŋwˈiən]]");
+    }
+
+    #[test]
+    fn bad_lines_say_where_and_what() {
+        let e =
+            Lexicon::parse("ok = fine\nno equals sign here\n", "names.lexicon").expect_err("bad");
+        assert_eq!(e.line, 2);
+        assert!(
+            e.to_string().starts_with("lexicon names.lexicon, line 2:"),
+            "{e}"
+        );
+        let e = Lexicon::parse("/(unclosed/ = x", "l").expect_err("regex");
+        assert!(e.reason.contains("invalid regular expression"), "{e}");
+        let e = Lexicon::parse("word = [[abc", "l").expect_err("brackets");
+        assert!(e.reason.contains("[["), "{e}");
+        let e = Lexicon::parse("word =  ", "l").expect_err("empty");
+        assert!(e.reason.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn lexicons_chain_in_order() {
+        let l = lex("a = b").then(lex("b = c"));
+        assert_eq!(l.apply("a"), "c");
+        assert_eq!(l.source(), "a = b\nb = c");
+    }
+}
