@@ -763,3 +763,31 @@ fn an_m4b_with_front_matter_cover_and_lexicons_is_assembled_by_a_worker() {
     assert_eq!(tags["date"], "1999");
     assert_eq!(manifest["chapters"].as_array().map(Vec::len), Some(3));
 }
+
+/// Workers say which voices they serve (their status rows); `submit` warns when no
+/// worker serves the job's voice, and says which voices are served.
+#[test]
+fn submit_warns_when_no_worker_serves_the_voice() {
+    let mut w = World::new();
+    let book = w.book("alone.md", &book_text(1, 2, None));
+    let path = book.to_str().expect("utf8");
+    let out = w.ok(&["submit", path, "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "no worker seen in the last 60 s serves voice {VOICE}"
+        )) && err.contains("voices served now: none"),
+        "{err}"
+    );
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(line["voice_served"], false);
+    w.worker("served", &["--engine", "null"], &[]);
+    let out = w.ok(&["submit", path, "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("serves voice"), "{err}");
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(line["voice_served"], true);
+    let workers: serde_json::Value =
+        serde_json::from_slice(&w.ok(&["workers", "--json"]).stdout).expect("json");
+    assert_eq!(workers[0]["plan"][0]["voice"], VOICE, "{workers}");
+}

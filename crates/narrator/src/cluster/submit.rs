@@ -136,6 +136,22 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     narrator_broker::declare(&channel, &voice.name).await?;
     let publisher = Publisher::new(&conn).await?;
     let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
+    let served = voices_served(&pool).await?;
+    let voice_served = served.iter().any(|v| *v == voice.name);
+    if !voice_served {
+        eprintln!(
+            "warning: no worker seen in the last {} s serves voice {}: the jobs wait in its queue until one does \
+             (`narrator worker --voices {}`); voices served now: {}",
+            FLEET_SEEN_WITHIN.as_secs(),
+            voice.name,
+            voice.name,
+            if served.is_empty() {
+                "none".to_string()
+            } else {
+                served.join(", ")
+            }
+        );
+    }
     let mut unpublished = 0;
     for (plan, span) in &plans {
         let record = info_span!(parent: span, "record", otel.name = "INSERT jobs",
@@ -192,6 +208,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
                 "chapters": plan.chapters.len(),
                 "segments": plan.segments.len(),
                 "published": published.is_ok(),
+                "voice_served": voice_served,
             });
             // With traces on: the book's trace id, to find it in the tracing backend.
             let mut v = v;
@@ -216,4 +233,21 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     }
     let _ = conn.close(200, "done".into()).await;
     Ok(())
+}
+
+/// Workers seen this recently count as the fleet.
+const FLEET_SEEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The voices the fleet's workers serve now (their status rows' plans), sorted.
+async fn voices_served(pool: &narrator_db::PgPool) -> anyhow::Result<Vec<String>> {
+    let workers = narrator_db::list_workers(pool, FLEET_SEEN_WITHIN).await?;
+    let mut voices: Vec<String> = workers
+        .iter()
+        .filter_map(|w| w.info.plan.as_array())
+        .flatten()
+        .filter_map(|p| p["voice"].as_str().map(str::to_owned))
+        .collect();
+    voices.sort();
+    voices.dedup();
+    Ok(voices)
 }

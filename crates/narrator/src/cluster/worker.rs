@@ -165,7 +165,9 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
             );
             loaded
         };
-        let base = loaded.plan_json();
+        let mut base = loaded.plan_json();
+        // Which voice this plan serves: `submit` warns about voices no worker serves.
+        base["voice"] = name.clone().into();
         let mut synth = loaded.synth;
         if let Ok(needle) = std::env::var("NARRATOR_TEST_FAIL_TEXT") {
             // Fault injection for tests: a segment containing this text fails its batch,
