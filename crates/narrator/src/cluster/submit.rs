@@ -137,7 +137,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     let publisher = Publisher::new(&conn).await?;
     let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
     let served = voices_served(&pool).await?;
-    let voice_served = served.iter().any(|v| *v == voice.name);
+    let voice_served = served.contains(&voice.name);
     if !voice_served {
         eprintln!(
             "warning: no worker seen in the last {} s serves voice {}: the jobs wait in its queue until one does \
