@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use crate::heading::speakable_title;
-use crate::normalize::{Skipped, normalize};
+use crate::normalize::{Language, Skipped, normalize};
 use crate::segment::{cap_sentence, split_sentences};
 use crate::{Chapter, Document, LoadOptions, Paragraph, TextError};
 
@@ -48,6 +48,7 @@ pub(crate) fn build(
     origin: &Path,
 ) -> Result<Document, TextError> {
     let cap = opts.max_sentence_chars.max(1);
+    let language = Language::of(&opts.language);
     let mut skipped = Skipped::default();
     let mut warnings = raw.warnings;
     // The title as written goes into tags and file names; its spoken form names
@@ -58,7 +59,7 @@ pub(crate) fn build(
         .map(|t| t.split_whitespace().collect::<Vec<_>>().join(" "));
     let doc_title = raw
         .title
-        .map(|t| normalize(&t, &mut skipped))
+        .map(|t| normalize(&t, language, &mut skipped))
         .filter(|t| is_speakable(t));
     let has_headed = raw.chapters.iter().any(|c| !c.leading);
 
@@ -67,14 +68,14 @@ pub(crate) fn build(
         let paragraphs: Vec<Paragraph> = rc
             .blocks
             .iter()
-            .filter_map(|b| paragraph(b, cap, &mut skipped))
+            .filter_map(|b| paragraph(b, cap, language, &mut skipped))
             .collect();
         if paragraphs.is_empty() {
             continue;
         }
         let own_title = rc
             .title
-            .map(|t| normalize(&speakable_title(&t), &mut skipped))
+            .map(|t| normalize(&speakable_title(&t), language, &mut skipped))
             .filter(|t| is_speakable(t));
         let title = if rc.leading && has_headed {
             let words = word_count(&paragraphs);
@@ -115,8 +116,13 @@ pub(crate) fn build(
 }
 
 /// Normalized, split and capped sentences of one raw block; `None` if none is speakable.
-fn paragraph(block: &str, cap: usize, skipped: &mut Skipped) -> Option<Paragraph> {
-    let text = normalize(block, skipped);
+fn paragraph(
+    block: &str,
+    cap: usize,
+    language: Language,
+    skipped: &mut Skipped,
+) -> Option<Paragraph> {
+    let text = normalize(block, language, skipped);
     let sentences: Vec<String> = split_sentences(&text)
         .iter()
         .flat_map(|s| cap_sentence(s, cap))

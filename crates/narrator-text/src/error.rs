@@ -118,7 +118,7 @@ pub enum TextError {
     },
     /// After cleaning, no sentence with a letter or digit remains.
     #[error(
-        "input file {path} has nothing speakable: after removing markup, symbols and unsupported scripts no sentence is left; check that it is the right file and that it is English/Latin-script text"
+        "input file {path} has nothing speakable: after removing markup, symbols and unsupported scripts no sentence is left; check that it is the right file and that the voice speaks its language (`narrator voices` lists their languages)"
     )]
     NothingSpeakable {
         /// The path as given.

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::TextError;
 pub use lexicon::{Lexicon, LexiconError};
-pub use normalize::normalize_text;
+pub use normalize::{Language, Script, normalize_text};
 pub use segment::{cap_sentence, split_sentences};
 
 /// The input formats narrator can read.
@@ -77,6 +77,9 @@ pub struct LoadOptions {
     /// sentences are cut at the best break at or before this length. Values below 1
     /// are treated as 1.
     pub max_sentence_chars: usize,
+    /// The voice's language (`en`, `en_US`, `de`, `ru`...): which normalization rules
+    /// apply and which scripts are kept (default `en`).
+    pub language: String,
 }
 
 impl Default for LoadOptions {
@@ -84,6 +87,7 @@ impl Default for LoadOptions {
         Self {
             max_bytes: 16 * 1024 * 1024,
             max_sentence_chars: 400,
+            language: "en".to_owned(),
         }
     }
 }

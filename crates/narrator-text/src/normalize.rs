@@ -17,8 +17,169 @@
 //!    "Mister", `e.g.` → "for example") so that their period never ends a sentence.
 //!    Plain numbers, years and ordinals are left to espeak, which reads them well.
 //! 5. Whitespace collapse and tidy-up of punctuation left dangling by removals.
+//!
+//! By the voice's language ([`Language`]): the expansions of step 4 and the en-dash
+//! "to" are English and apply to English voices only (espeak-ng reads numbers, dates,
+//! currency signs and percentages in the voice's own language); step 2 keeps, besides
+//! Latin, the scripts the voice's language is written in (Cyrillic for a Russian voice,
+//! Greek for Greek, Han and kana for Japanese...) and removes the others.
 
 use unicode_normalization::UnicodeNormalization;
+
+/// The voice's language, as normalization needs it: whether the English rules apply
+/// and which scripts besides Latin it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Language {
+    code: &'static str,
+    english: bool,
+    scripts: &'static [Script],
+}
+
+/// A writing system beyond Latin, by its Unicode blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Script {
+    /// Cyrillic.
+    Cyrillic,
+    /// Greek.
+    Greek,
+    /// Hebrew.
+    Hebrew,
+    /// Arabic (also Persian, Urdu).
+    Arabic,
+    /// Devanagari (Hindi, Marathi, Nepali).
+    Devanagari,
+    /// Bengali.
+    Bengali,
+    /// Tamil.
+    Tamil,
+    /// Thai.
+    Thai,
+    /// Armenian.
+    Armenian,
+    /// Georgian.
+    Georgian,
+    /// Han ideographs and CJK punctuation.
+    Han,
+    /// Hiragana and katakana.
+    Kana,
+    /// Hangul.
+    Hangul,
+}
+
+impl Script {
+    fn contains(self, c: char) -> bool {
+        let u = u32::from(c);
+        let cjk_punct = (0x3000..=0x303f).contains(&u) || (0xff00..=0xffef).contains(&u);
+        match self {
+            Script::Cyrillic => {
+                matches!(u, 0x400..=0x52f | 0x1c80..=0x1c8f | 0x2de0..=0x2dff | 0xa640..=0xa69f)
+            }
+            Script::Greek => matches!(u, 0x370..=0x3ff | 0x1f00..=0x1fff),
+            Script::Hebrew => matches!(u, 0x590..=0x5ff | 0xfb1d..=0xfb4f),
+            Script::Arabic => {
+                matches!(u, 0x600..=0x6ff | 0x750..=0x77f | 0x8a0..=0x8ff | 0xfb50..=0xfdff | 0xfe70..=0xfeff)
+            }
+            Script::Devanagari => matches!(u, 0x900..=0x97f | 0xa8e0..=0xa8ff),
+            Script::Bengali => matches!(u, 0x980..=0x9ff),
+            Script::Tamil => matches!(u, 0xb80..=0xbff),
+            Script::Thai => matches!(u, 0xe00..=0xe7f),
+            Script::Armenian => matches!(u, 0x530..=0x58f),
+            Script::Georgian => matches!(u, 0x10a0..=0x10ff | 0x2d00..=0x2d2f),
+            Script::Han => {
+                matches!(u, 0x4e00..=0x9fff | 0x3400..=0x4dbf | 0xf900..=0xfaff) || cjk_punct
+            }
+            Script::Kana => matches!(u, 0x3040..=0x30ff | 0x31f0..=0x31ff) || cjk_punct,
+            Script::Hangul => {
+                matches!(u, 0xac00..=0xd7af | 0x1100..=0x11ff | 0x3130..=0x318f) || cjk_punct
+            }
+        }
+    }
+}
+
+/// Languages (ISO 639-1/3 primary subtags, as voice configs and espeak-ng name them)
+/// written in a script besides Latin.
+const SCRIPTS: &[(&str, &[Script])] = &[
+    ("ru", &[Script::Cyrillic]),
+    ("uk", &[Script::Cyrillic]),
+    ("be", &[Script::Cyrillic]),
+    ("bg", &[Script::Cyrillic]),
+    ("mk", &[Script::Cyrillic]),
+    ("sr", &[Script::Cyrillic]),
+    ("kk", &[Script::Cyrillic]),
+    ("ky", &[Script::Cyrillic]),
+    ("mn", &[Script::Cyrillic]),
+    ("tt", &[Script::Cyrillic]),
+    ("el", &[Script::Greek]),
+    ("grc", &[Script::Greek]),
+    ("he", &[Script::Hebrew]),
+    ("yi", &[Script::Hebrew]),
+    ("ar", &[Script::Arabic]),
+    ("fa", &[Script::Arabic]),
+    ("ur", &[Script::Arabic]),
+    ("ps", &[Script::Arabic]),
+    ("hi", &[Script::Devanagari]),
+    ("mr", &[Script::Devanagari]),
+    ("ne", &[Script::Devanagari]),
+    ("bn", &[Script::Bengali]),
+    ("ta", &[Script::Tamil]),
+    ("th", &[Script::Thai]),
+    ("hy", &[Script::Armenian]),
+    ("ka", &[Script::Georgian]),
+    ("zh", &[Script::Han]),
+    ("cmn", &[Script::Han]),
+    ("yue", &[Script::Han]),
+    ("ja", &[Script::Han, Script::Kana]),
+    ("ko", &[Script::Hangul, Script::Han]),
+];
+
+impl Language {
+    /// English: the rules narrator was first written for.
+    pub const ENGLISH: Language = Language {
+        code: "en",
+        english: true,
+        scripts: &[],
+    };
+
+    /// The language of a BCP 47 tag, a voice's `language.code` (`en_US`) or an espeak-ng
+    /// voice (`en-us`, `cmn`): its primary subtag decides. Unknown or empty: English.
+    pub fn of(tag: &str) -> Language {
+        let primary = tag
+            .split(['-', '_'])
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if primary.is_empty() || primary == "en" || primary == "eng" {
+            return Language::ENGLISH;
+        }
+        let (code, scripts) = SCRIPTS
+            .iter()
+            .find(|(c, _)| *c == primary)
+            .map_or(("", &[][..]), |(c, s)| (*c, *s));
+        Language {
+            // A Latin-script language keeps its own tag only through `english: false`;
+            // the code is for messages.
+            code: if code.is_empty() { "other" } else { code },
+            english: false,
+            scripts,
+        }
+    }
+
+    /// The primary language subtag (`en`, `ru`, ...; `other` for Latin-script languages
+    /// narrator has no script list for).
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// Whether the English expansions apply.
+    pub fn is_english(&self) -> bool {
+        self.english
+    }
+
+    fn reads(&self, c: char) -> bool {
+        self.scripts.iter().any(|s| s.contains(c))
+    }
+}
 
 /// Characters removed from a document, by kind, with one example each.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -39,7 +200,7 @@ impl Skipped {
         }
         if self.script > 0 {
             out.push(format!(
-                "skipped {} characters in scripts the voice cannot speak (e.g. \"{}\")",
+                "skipped {} characters in scripts the voice's language does not use (e.g. \"{}\")",
                 self.script,
                 self.script_example.unwrap_or('?')
             ));
@@ -60,16 +221,19 @@ impl Skipped {
 /// This is the whole normalization pipeline described in the module docs, without
 /// sentence splitting; characters it removes are not reported.
 pub fn normalize_text(text: &str) -> String {
-    normalize(text, &mut Skipped::default())
+    normalize(text, Language::ENGLISH, &mut Skipped::default())
 }
 
-/// [`normalize_text`], counting what was removed into `skipped`.
-pub(crate) fn normalize(text: &str, skipped: &mut Skipped) -> String {
+/// [`normalize_text`] for a voice of `language`, counting what was removed into `skipped`.
+pub(crate) fn normalize(text: &str, language: Language, skipped: &mut Skipped) -> String {
     let nfc: String = text.nfc().collect();
-    let cleaned = clean_chars(&nfc, skipped);
-    let dashed = fix_dashes(&cleaned);
-    let expanded = expand(&dashed);
-    tidy(&expanded)
+    let cleaned = clean_chars(&nfc, language, skipped);
+    let dashed = fix_dashes(&cleaned, language);
+    if language.is_english() {
+        tidy(&expand(&dashed))
+    } else {
+        tidy(&dashed)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +288,7 @@ fn is_alnum(c: Option<char>) -> bool {
 }
 
 /// Step 2: per-character cleaning and counting.
-fn clean_chars(text: &str, skipped: &mut Skipped) -> String {
+fn clean_chars(text: &str, language: Language, skipped: &mut Skipped) -> String {
     let text = text.replace("``", "\u{201c}").replace("''", "\u{201d}");
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().peekable();
@@ -138,6 +302,7 @@ fn clean_chars(text: &str, skipped: &mut Skipped) -> String {
                 skipped.emoji += 1;
                 out.push(' ');
             }
+            Class::Script if language.reads(c) => out.push(c),
             Class::Script => {
                 skipped.script += 1;
                 skipped.script_example.get_or_insert(c);
@@ -187,7 +352,7 @@ fn is_terminal(c: char) -> bool {
 }
 
 /// Step 3: ellipses and dashes.
-fn fix_dashes(text: &str) -> String {
+fn fix_dashes(text: &str, language: Language) -> String {
     let text = text.replace(". . .", "\u{2026}").replace("...", "\u{2026}");
     let chars: Vec<char> = text.chars().collect();
     let mut out = String::with_capacity(text.len());
@@ -218,7 +383,12 @@ fn fix_dashes(text: &str) -> String {
                 if prev.is_some_and(|p| p.is_ascii_digit())
                     && next.is_some_and(|n| n.is_ascii_digit())
                 {
-                    out.push_str(" to ");
+                    // A range: "to" in English; other languages' voices read the dash.
+                    out.push_str(if language.is_english() {
+                        " to "
+                    } else {
+                        "\u{2013}"
+                    });
                     i += 1;
                     continue;
                 }
@@ -878,6 +1048,7 @@ mod tests {
         let mut sk = Skipped::default();
         let out = normalize(
             "I love \u{1f355} pizza \u{1f44d}\u{1f3fd}! \u{6f22}\u{5b57} caf\u{e9} \u{2192} on",
+            Language::ENGLISH,
             &mut sk,
         );
         assert_eq!(out, "I love pizza! caf\u{e9} on");
@@ -888,6 +1059,50 @@ mod tests {
         assert_eq!(w.len(), 3);
         assert_eq!(w[0], "skipped 2 emoji/pictographs");
         assert!(w[1].contains("\"\u{6f22}\""), "{w:?}");
+    }
+
+    fn in_language(s: &str, tag: &str) -> (String, Vec<String>) {
+        let mut skipped = Skipped::default();
+        let out = normalize(s, Language::of(tag), &mut skipped);
+        (out, skipped.warnings())
+    }
+
+    #[test]
+    fn english_rules_for_english_voices_only() {
+        let text = "Mr. Weber paid $3.50 at 3:45 pm, pages 4\u{2013}6 & 10%.";
+        let (en, _) = in_language(text, "en_US");
+        assert_eq!(en, n(text));
+        assert!(
+            en.contains("Mister") && en.contains("dollars") && en.contains(" to "),
+            "{en}"
+        );
+        let (de, warnings) = in_language(text, "de_DE");
+        assert_eq!(
+            de,
+            "Mr. Weber paid $3.50 at 3:45 pm, pages 4\u{2013}6 & 10%."
+        );
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(Language::of("de-de").code(), "other");
+        assert!(Language::of("").is_english() && Language::of("en-gb").is_english());
+    }
+
+    #[test]
+    fn scripts_are_kept_for_the_languages_written_in_them() {
+        let text = "Москва and \u{0391}θήνα, 東京へ.";
+        // English: both foreign scripts removed, one warning.
+        let (en, w) = in_language(text, "en");
+        assert_eq!(en, "and.");
+        assert_eq!(w.len(), 1, "{w:?}");
+        // Russian: Cyrillic stays, Greek and Japanese go.
+        let (ru, w) = in_language(text, "ru_RU");
+        assert!(ru.starts_with("Москва and"), "{ru}");
+        assert!(!ru.contains('θ') && !ru.contains('東'), "{ru}");
+        assert!(w[0].contains("does not use"), "{w:?}");
+        // Greek and Japanese voices keep their own.
+        assert!(in_language(text, "el").0.contains("Αθήνα"));
+        let (ja, _) = in_language(text, "ja");
+        assert!(ja.contains("東京へ"), "{ja}");
+        assert!(!ja.contains("Москва"), "{ja}");
     }
 
     #[test]

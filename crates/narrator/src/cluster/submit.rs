@@ -75,7 +75,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     let voice = narrator_engine::Voice::find(&paths.voices, &args.voice)?;
     let digest = identity_digest(&voice);
     let d = voice.config.scales;
-    let opts = load_options(&args.text);
+    let opts = load_options(&args.text, &voice);
     // Every input is read and planned before anything is recorded or enqueued. Each book
     // is its own trace (a root span), which its segments and its assembly join.
     let mut plans: Vec<(JobPlan, tracing::Span)> = Vec::new();
