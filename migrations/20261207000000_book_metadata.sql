@@ -10,3 +10,7 @@ ALTER TABLE jobs
 -- The pronunciation lexicon applied to the job's segments (its source text, for the
 -- record: the replacements are already in segments.text, so every worker says the same).
 ALTER TABLE jobs ADD COLUMN lexicon text;
+
+-- The voice's speaker id of each segment (multi-speaker voices; 0 otherwise): it goes
+-- into every message published for the segment, including the reconciler's and retry's.
+ALTER TABLE segments ADD COLUMN speaker int NOT NULL DEFAULT 0;

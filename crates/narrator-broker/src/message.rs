@@ -146,6 +146,7 @@ mod tests {
                 chapter: 1,
                 text: "Hello, \"world\".".into(),
                 pause_after: PauseAfter::Paragraph,
+                speaker: 0,
             },
             enqueued_at_ms: 42,
             cluster: Some("c1".into()),
@@ -160,6 +161,16 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(v["v"], 1);
         assert_eq!(SegmentMessage::decode(&body).expect("decode"), msg());
+    }
+
+    #[test]
+    fn the_speaker_travels_and_is_left_out_when_it_is_the_first() {
+        let body = msg().encode().expect("encode");
+        assert!(!String::from_utf8_lossy(&body).contains("speaker"));
+        let mut m = msg();
+        m.segment.speaker = 7;
+        let decoded = SegmentMessage::decode(&m.encode().expect("encode")).expect("decode");
+        assert_eq!(decoded.segment.speaker, 7);
     }
 
     #[test]

@@ -45,6 +45,7 @@ fn msg(job: &str, voice: &str, index: u32) -> SegmentMessage {
             chapter: index / 4,
             text: format!("Sentence number {index}."),
             pause_after: PauseAfter::Sentence,
+            speaker: 0,
         },
     )
 }

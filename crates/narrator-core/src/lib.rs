@@ -46,6 +46,13 @@ pub struct Segment {
     pub text: String,
     /// The pause after it.
     pub pause_after: PauseAfter,
+    /// The voice's speaker id (multi-speaker voices; 0 for the others and by default).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub speaker: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A chapter as planned: its title and its range of segments.

@@ -15,7 +15,7 @@ use crate::error::{DbError, int4, unsigned};
 use crate::jobs::{JobState, parse_pause};
 use crate::secs;
 
-/// A segment from a row with `idx, chapter, text, pause_after`.
+/// A segment from a row with `idx, chapter, text, pause_after, speaker`.
 pub(crate) fn segment_row(r: &PgRow) -> Result<Segment, DbError> {
     let pause: String = r.try_get("pause_after")?;
     Ok(Segment {
@@ -23,6 +23,7 @@ pub(crate) fn segment_row(r: &PgRow) -> Result<Segment, DbError> {
         chapter: unsigned("chapter", i64::from(r.try_get::<i32, _>("chapter")?))?,
         text: r.try_get("text")?,
         pause_after: parse_pause(&pause)?,
+        speaker: unsigned("speaker", i64::from(r.try_get::<i32, _>("speaker")?))?,
     })
 }
 
@@ -448,7 +449,8 @@ pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
             data: std::sync::Arc::new(data),
         });
     let segments = sqlx::query(
-        "SELECT idx, chapter, text, pause_after FROM segments WHERE job_id = $1 ORDER BY idx",
+        "SELECT idx, chapter, text, pause_after, speaker FROM segments WHERE job_id = $1 \
+         ORDER BY idx",
     )
     .bind(job)
     .fetch_all(pool)
@@ -567,7 +569,8 @@ pub async fn rescue_stuck_jobs(
         .rows_affected();
         let rows = sqlx::query(
             "UPDATE segments SET rescues = rescues + 1, published_at = now() \
-             WHERE job_id = $1 AND state = 'pending' RETURNING idx, chapter, text, pause_after",
+             WHERE job_id = $1 AND state = 'pending' \
+             RETURNING idx, chapter, text, pause_after, speaker",
         )
         .bind(job)
         .fetch_all(&mut *tx)
@@ -665,7 +668,8 @@ pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError
     let rows = sqlx::query(
         "UPDATE segments SET state = 'pending', attempts = 0, published_at = NULL, \
          failure_kind = NULL, failure_reason = NULL \
-         WHERE job_id = $1 AND state <> 'done' RETURNING idx, chapter, text, pause_after",
+         WHERE job_id = $1 AND state <> 'done' \
+         RETURNING idx, chapter, text, pause_after, speaker",
     )
     .bind(job)
     .fetch_all(&mut *tx)

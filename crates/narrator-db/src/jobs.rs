@@ -108,7 +108,8 @@ pub async fn create_job(
         what: "segment count",
         value: n as u64,
     })?;
-    let (mut idx, mut chapter, mut text, mut pause) = (
+    let (mut idx, mut chapter, mut text, mut pause, mut speaker) = (
+        Vec::with_capacity(n),
         Vec::with_capacity(n),
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -119,6 +120,7 @@ pub async fn create_job(
         chapter.push(int4("chapter", s.chapter)?);
         text.push(s.text.as_str());
         pause.push(pause_str(s.pause_after));
+        speaker.push(int4("speaker", s.speaker)?);
     }
     let mut tx = pool.begin().await?;
     sqlx::query(
@@ -144,16 +146,17 @@ pub async fn create_job(
     .await
     .map_err(|e| DbError::on_job(id, e))?;
     sqlx::query(
-        "INSERT INTO segments (job_id, idx, chapter, text, pause_after) \
-         SELECT $1, u.idx, u.chapter, u.text, u.pause_after \
-         FROM UNNEST($2::int4[], $3::int4[], $4::text[], $5::text[]) \
-              AS u(idx, chapter, text, pause_after)",
+        "INSERT INTO segments (job_id, idx, chapter, text, pause_after, speaker) \
+         SELECT $1, u.idx, u.chapter, u.text, u.pause_after, u.speaker \
+         FROM UNNEST($2::int4[], $3::int4[], $4::text[], $5::text[], $6::int4[]) \
+              AS u(idx, chapter, text, pause_after, speaker)",
     )
     .bind(id)
     .bind(&idx)
     .bind(&chapter)
     .bind(&text)
     .bind(&pause)
+    .bind(&speaker)
     .execute(&mut *tx)
     .await
     .map_err(|e| DbError::on_job(id, e))?;

@@ -299,7 +299,7 @@ pub async fn unpublished(
     limit: u32,
 ) -> Result<Vec<(Uuid, Segment)>, DbError> {
     sqlx::query(
-        "SELECT s.job_id, s.idx, s.chapter, s.text, s.pause_after \
+        "SELECT s.job_id, s.idx, s.chapter, s.text, s.pause_after, s.speaker \
          FROM segments s JOIN jobs j ON j.id = s.job_id \
          WHERE s.published_at IS NULL AND s.state = 'pending' \
            AND j.state IN ('queued', 'running') \

@@ -44,6 +44,8 @@ fn plan(chapters: u32, per: u32) -> JobPlan {
                 } else {
                     PauseAfter::Sentence
                 },
+                // Stored and read back per segment (multi-speaker voices).
+                speaker: c % 2,
             });
         }
     }
@@ -117,6 +119,7 @@ async fn a_job_is_recorded_with_its_segments_and_completes_on_the_last(pool: PgP
     let stored = narrator_db::load_job(&pool, job).await.expect("load");
     assert_eq!(stored.plan.meta, p.meta);
     assert_eq!(stored.plan.lexicon, p.lexicon);
+    assert_eq!(stored.plan.segments, p.segments, "speakers included");
     assert_eq!(stored.plan.title, "Alice");
 
     // A second submission of the same plan is a new job.

@@ -28,6 +28,17 @@ pub trait Backend: Send {
     /// Synthesizes a batch of phoneme-id sequences; one waveform per item, each trimmed
     /// to its own length.
     fn synthesize(&mut self, items: &[&[i64]], scales: Scales) -> Result<BatchOutput, EngineError>;
+    /// [`Backend::synthesize`] with each item's speaker id (multi-speaker voices; one per
+    /// item). Backends without speakers (the null engine) ignore them; wrappers forward.
+    fn synthesize_speakers(
+        &mut self,
+        items: &[&[i64]],
+        speakers: &[i64],
+        scales: Scales,
+    ) -> Result<BatchOutput, EngineError> {
+        let _ = speakers;
+        self.synthesize(items, scales)
+    }
     /// Whether several items can run in one batch and still be trimmed exactly.
     fn supports_batching(&self) -> bool;
     /// Where it runs.
@@ -133,6 +144,16 @@ pub enum EngineError {
         /// Installed voice names.
         installed: String,
     },
+    /// A speaker the voice does not have.
+    #[error("voice {voice} has no speaker `{given}`; its speakers: {speakers}")]
+    UnknownSpeaker {
+        /// The voice.
+        voice: String,
+        /// The speaker asked for.
+        given: String,
+        /// What it has (names with ids, or the id range).
+        speakers: String,
+    },
     /// A voice config that cannot be used.
     #[error("voice config {} is unusable: {reason}; reinstall the voice (bash ops/setup.sh)", path.display())]
     VoiceConfig {
@@ -191,6 +212,7 @@ impl EngineError {
             EngineError::Runtime { .. } => "runtime_missing",
             EngineError::NoCuda { .. } => "no_cuda",
             EngineError::UnknownVoice { .. } => "unknown_voice",
+            EngineError::UnknownSpeaker { .. } => "unknown_speaker",
             EngineError::VoiceConfig { .. } => "voice_config",
             EngineError::Io { .. } => "io",
             EngineError::Ort { .. } => "inference",

@@ -33,6 +33,19 @@ impl Backend for MemoryLimit {
         self.inner.synthesize(items, scales)
     }
 
+    fn synthesize_speakers(
+        &mut self,
+        items: &[&[i64]],
+        speakers: &[i64],
+        scales: Scales,
+    ) -> Result<BatchOutput, EngineError> {
+        let tokens = padded_tokens(items);
+        if tokens > self.max_tokens {
+            return self.synthesize(items, scales);
+        }
+        self.inner.synthesize_speakers(items, speakers, scales)
+    }
+
     fn supports_batching(&self) -> bool {
         self.inner.supports_batching()
     }
@@ -56,6 +69,19 @@ impl Backend for Paced {
     fn synthesize(&mut self, items: &[&[i64]], scales: Scales) -> Result<BatchOutput, EngineError> {
         let started = std::time::Instant::now();
         let mut out = self.inner.synthesize(items, scales)?;
+        std::thread::sleep(self.per_run.saturating_sub(started.elapsed()));
+        out.inference_seconds = started.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
+    fn synthesize_speakers(
+        &mut self,
+        items: &[&[i64]],
+        speakers: &[i64],
+        scales: Scales,
+    ) -> Result<BatchOutput, EngineError> {
+        let started = std::time::Instant::now();
+        let mut out = self.inner.synthesize_speakers(items, speakers, scales)?;
         std::thread::sleep(self.per_run.saturating_sub(started.elapsed()));
         out.inference_seconds = started.elapsed().as_secs_f64();
         Ok(out)

@@ -256,6 +256,18 @@ impl Backend for PiperEngine {
     }
 
     fn synthesize(&mut self, items: &[&[i64]], scales: Scales) -> Result<BatchOutput, EngineError> {
+        self.synthesize_speakers(items, &vec![0; items.len()], scales)
+    }
+
+    fn synthesize_speakers(
+        &mut self,
+        items: &[&[i64]],
+        speakers: &[i64],
+        scales: Scales,
+    ) -> Result<BatchOutput, EngineError> {
+        if speakers.len() != items.len() {
+            return Err(EngineError::Stopped);
+        }
         if items.is_empty() {
             return Ok(BatchOutput {
                 audio: Vec::new(),
@@ -265,8 +277,8 @@ impl Backend for PiperEngine {
         if items.len() > 1 && !self.has_frames {
             let mut audio = Vec::with_capacity(items.len());
             let mut secs = 0.0;
-            for it in items {
-                let out = self.synthesize(&[it], scales)?;
+            for (it, &speaker) in items.iter().zip(speakers) {
+                let out = self.synthesize_speakers(&[it], &[speaker], scales)?;
                 secs += out.inference_seconds;
                 audio.extend(out.audio);
             }
@@ -301,7 +313,7 @@ impl Backend for PiperEngine {
         if self.has_sid {
             inputs.push((
                 "sid".into(),
-                Tensor::from_array(([b], vec![0i64; b]))
+                Tensor::from_array(([b], speakers.to_vec()))
                     .map_err(&mk)?
                     .into(),
             ));

@@ -19,6 +19,8 @@ use crate::{BatchOutput, Device, EngineError, Scales, runtime::Runtime};
 
 struct Job {
     items: Vec<Vec<i64>>,
+    /// One speaker id per item.
+    speakers: Vec<i64>,
     scales: Scales,
     reply: oneshot::Sender<Result<BatchOutput, EngineError>>,
     span: tracing::Span,
@@ -97,7 +99,7 @@ impl EnginePool {
                     while let Ok(job) = rx.recv() {
                         let _enter = job.span.enter();
                         let refs: Vec<&[i64]> = job.items.iter().map(Vec::as_slice).collect();
-                        let out = engine.synthesize(&refs, job.scales);
+                        let out = engine.synthesize_speakers(&refs, &job.speakers, job.scales);
                         let _ = job.reply.send(out);
                     }
                 })
@@ -149,7 +151,19 @@ impl EnginePool {
         items: Vec<Vec<i64>>,
         scales: Scales,
     ) -> Result<BatchOutput, EngineError> {
-        let rx = self.submit(items, scales)?;
+        let speakers = vec![0; items.len()];
+        self.synthesize_as(items, speakers, scales).await
+    }
+
+    /// Synthesizes one batch on the next free session, each item as its speaker
+    /// (multi-speaker voices; one id per item).
+    pub async fn synthesize_as(
+        &self,
+        items: Vec<Vec<i64>>,
+        speakers: Vec<i64>,
+        scales: Scales,
+    ) -> Result<BatchOutput, EngineError> {
+        let rx = self.submit(items, speakers, scales)?;
         rx.await.map_err(|_| EngineError::Stopped)?
     }
 
@@ -159,18 +173,21 @@ impl EnginePool {
         items: Vec<Vec<i64>>,
         scales: Scales,
     ) -> Result<BatchOutput, EngineError> {
-        let rx = self.submit(items, scales)?;
+        let speakers = vec![0; items.len()];
+        let rx = self.submit(items, speakers, scales)?;
         rx.blocking_recv().map_err(|_| EngineError::Stopped)?
     }
 
     fn submit(
         &self,
         items: Vec<Vec<i64>>,
+        speakers: Vec<i64>,
         scales: Scales,
     ) -> Result<oneshot::Receiver<Result<BatchOutput, EngineError>>, EngineError> {
         let (reply, rx) = oneshot::channel();
         let job = Job {
             items,
+            speakers,
             scales,
             reply,
             span: tracing::Span::current(),

@@ -104,6 +104,66 @@ impl VoiceConfig {
     }
 }
 
+impl VoiceConfig {
+    /// The named speakers (`speaker_id_map`), by id.
+    pub fn speakers(&self) -> Vec<(String, u32)> {
+        let mut v: Vec<(String, u32)> = self
+            .raw
+            .get("speaker_id_map")
+            .and_then(|m| m.as_object())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(name, id)| {
+                        Some((name.clone(), u32::try_from(id.as_u64()?).ok()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by_key(|(_, id)| *id);
+        v
+    }
+
+    /// The speaker id for `given`: a name of `speaker_id_map`, or a number below
+    /// `num_speakers`. `voice` names the voice in the error, which lists the speakers.
+    pub fn speaker_id(&self, voice: &str, given: &str) -> Result<u32, EngineError> {
+        let named = self.speakers();
+        if let Some((_, id)) = named.iter().find(|(n, _)| n == given) {
+            return Ok(*id);
+        }
+        if let Ok(id) = given.trim().parse::<u32>()
+            && id < self.num_speakers.max(1)
+        {
+            return Ok(id);
+        }
+        let speakers = if self.num_speakers <= 1 {
+            "one (it is a single-speaker voice; leave --speaker out)".to_string()
+        } else if named.is_empty() {
+            format!("ids 0 to {}", self.num_speakers - 1)
+        } else {
+            let list: Vec<String> = named
+                .iter()
+                .take(20)
+                .map(|(n, i)| format!("{n} ({i})"))
+                .collect();
+            let more = named.len().saturating_sub(20);
+            if more > 0 {
+                format!(
+                    "{} and {more} more (ids 0 to {})",
+                    list.join(", "),
+                    self.num_speakers - 1
+                )
+            } else {
+                list.join(", ")
+            }
+        };
+        Err(EngineError::UnknownSpeaker {
+            voice: voice.to_string(),
+            given: given.to_string(),
+            speakers,
+        })
+    }
+}
+
 /// An installed voice: its name, files and config.
 #[derive(Debug, Clone)]
 pub struct Voice {

@@ -556,6 +556,7 @@ mod tests {
             chapter,
             text: "x".into(),
             pause_after,
+            speaker: 0,
         };
         JobPlan {
             job_id: "j".into(),

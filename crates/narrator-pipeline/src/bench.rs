@@ -185,6 +185,7 @@ fn segment(text: &str) -> Segment {
         chapter: 0,
         text: text.to_string(),
         pause_after: PauseAfter::Sentence,
+        speaker: 0,
     }
 }
 

@@ -51,6 +51,7 @@ pub fn calibration_items(synth: &Synthesizer, tokens: usize) -> Result<Vec<i64>,
         chapter: 0,
         text: TEXT.to_string(),
         pause_after: narrator_core::PauseAfter::Paragraph,
+        speaker: 0,
     };
     let p = synth.prepare(seg)?;
     let ids: Vec<i64> = p.utterances.concat();

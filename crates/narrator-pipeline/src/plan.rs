@@ -18,6 +18,14 @@ pub struct AudioIdentity<'a> {
     pub voice_digest: &'a str,
     /// Inference scales.
     pub scales: narrator_engine::Scales,
+    /// The voice's speaker id (0: the only or the first speaker; then left out of the
+    /// digest, so single-speaker job ids stay as they were).
+    #[serde(skip_serializing_if = "is_first_speaker")]
+    pub speaker: u32,
+}
+
+fn is_first_speaker(speaker: &u32) -> bool {
+    *speaker == 0
 }
 
 /// Plans the job. `source` is the input as the user named it; `fallback_title` is used
@@ -51,6 +59,7 @@ pub fn plan_job(
                     chapter: ch,
                     text: s.clone(),
                     pause_after,
+                    speaker: id.speaker,
                 });
             }
         }
@@ -119,6 +128,7 @@ mod tests {
             voice,
             voice_digest: "x",
             scales: narrator_engine::Scales::DETERMINISTIC,
+            speaker: 0,
         }
     }
 

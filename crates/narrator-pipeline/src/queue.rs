@@ -159,6 +159,7 @@ mod tests {
             chapter: 0,
             text: format!("s{index}"),
             pause_after: PauseAfter::Sentence,
+            speaker: 0,
         }
     }
 

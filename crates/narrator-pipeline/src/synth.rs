@@ -290,10 +290,15 @@ impl Synthesizer {
             .iter()
             .flat_map(|p| p.utterances.iter().map(Vec::as_slice))
             .collect();
+        // Each utterance as its segment's speaker (segments of several jobs share runs).
+        let speakers: Vec<i64> = batch
+            .iter()
+            .flat_map(|p| p.utterances.iter().map(|_| i64::from(p.segment.speaker)))
+            .collect();
         let mut failures = 0u32;
         let (waves, inference_seconds, largest) = loop {
             let budget = self.budget();
-            match self.run_all(&items, budget).await {
+            match self.run_all(&items, &speakers, budget).await {
                 Ok(done) => break done,
                 Err(EngineError::OutOfMemory {
                     device,
@@ -384,6 +389,7 @@ impl Synthesizer {
     async fn run_all(
         &self,
         items: &[&[i64]],
+        speakers: &[i64],
         budget: Budget,
     ) -> Result<(Vec<Vec<f32>>, f64, usize), EngineError> {
         let pool = self.pool();
@@ -394,11 +400,15 @@ impl Synthesizer {
         let mut largest = 0;
         for run in engine_runs(&lens, &budget) {
             let ids = run.iter().map(|&i| items[i].to_vec()).collect();
+            let run_speakers = run.iter().map(|&i| speakers[i]).collect();
             let tokens: usize = run.iter().map(|&i| lens[i]).sum();
             let padded = run.iter().map(|&i| lens[i]).max().unwrap_or(0) * run.len();
             let span = tracing::info_span!("engine run", narrator.device = %device,
                 narrator.batch_size = run.len(), narrator.tokens = tokens, narrator.padded_tokens = padded);
-            let out = pool.synthesize(ids, self.scales).instrument(span).await?;
+            let out = pool
+                .synthesize_as(ids, run_speakers, self.scales)
+                .instrument(span)
+                .await?;
             let class = m::size_class(run.len());
             metrics::histogram!(m::ENGINE_RUN_SECONDS, "device" => device.clone(), "batch" => class)
                 .record(out.inference_seconds);

@@ -53,6 +53,7 @@ fn chapter_one() -> narrator_core::JobPlan {
         voice: "null",
         voice_digest: "0",
         scales: Scales::DETERMINISTIC,
+        speaker: 0,
     };
     plan_job(&doc, "alice29.txt", "alice", &id)
 }
@@ -74,6 +75,7 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
         voice: "null",
         voice_digest: "0",
         scales: Scales::DETERMINISTIC,
+        speaker: 0,
     };
     let plan = plan_job(&doc, "alice29.txt", "alice", &id);
     assert_eq!(plan.chapters.len(), 12);
@@ -379,4 +381,75 @@ async fn segments_of_an_abandoned_job_never_reach_the_engine() {
         "engine runs: {}",
         calls.load(Ordering::SeqCst)
     );
+}
+
+/// Records the speaker id of every item it is given.
+struct RecordSpeakers {
+    seen: Arc<std::sync::Mutex<Vec<(usize, i64)>>>,
+}
+
+impl Backend for RecordSpeakers {
+    fn synthesize(&mut self, items: &[&[i64]], scales: Scales) -> Result<BatchOutput, EngineError> {
+        self.synthesize_speakers(items, &vec![0; items.len()], scales)
+    }
+    fn synthesize_speakers(
+        &mut self,
+        items: &[&[i64]],
+        speakers: &[i64],
+        scales: Scales,
+    ) -> Result<BatchOutput, EngineError> {
+        let mut seen = self.seen.lock().expect("lock");
+        seen.extend(items.iter().map(|i| i.len()).zip(speakers.iter().copied()));
+        NullBackend::default().synthesize(items, scales)
+    }
+    fn supports_batching(&self) -> bool {
+        true
+    }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+}
+
+/// Segments of different speakers (jobs of a multi-speaker voice) batched together: each
+/// utterance reaches the engine with its own segment's speaker id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_utterance_reaches_the_engine_with_its_segments_speaker() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let synth = synthesizer(
+        EnginePool::start_with(1, move |_| {
+            Ok(Box::new(RecordSpeakers {
+                seen: record.clone(),
+            }) as Box<dyn Backend>)
+        })
+        .expect("pool"),
+    );
+    let texts = [
+        "One short line.",
+        "A second, longer line of text here.",
+        "Three.",
+    ];
+    let mut batch = Vec::new();
+    let mut expected = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        let segment = narrator_core::Segment {
+            index: i as u32,
+            chapter: 0,
+            text: (*text).into(),
+            pause_after: narrator_core::PauseAfter::Sentence,
+            speaker: [3, 0, 7][i],
+        };
+        let p = synth.prepare(segment).expect("prepare");
+        expected.extend(
+            p.utterances
+                .iter()
+                .map(|u| (u.len(), i64::from(p.segment.speaker))),
+        );
+        batch.push(p);
+    }
+    synth.synthesize(batch).await.expect("synthesize");
+    let mut got = seen.lock().expect("lock").clone();
+    got.sort();
+    expected.sort();
+    assert_eq!(got, expected);
 }

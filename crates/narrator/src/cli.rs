@@ -65,6 +65,10 @@ pub(crate) struct EngineArgs {
     /// Voice name (see `narrator voices`).
     #[arg(long, env = "NARRATOR_VOICE", default_value = "en_US-joe-medium")]
     pub(crate) voice: String,
+    /// Speaker of a multi-speaker voice: a name of its speaker_id_map or an id
+    /// (default: its first speaker).
+    #[arg(long, env = "NARRATOR_SPEAKER")]
+    pub(crate) speaker: Option<String>,
     /// Where to run: auto (CUDA when available), cpu, cuda:N.
     #[arg(long, env = "NARRATOR_DEVICE", default_value = "auto")]
     pub(crate) device: String,
@@ -315,6 +319,10 @@ pub(crate) struct SubmitArgs {
     /// Voice name (see `narrator voices`).
     #[arg(long, env = "NARRATOR_VOICE", default_value = "en_US-joe-medium")]
     pub(crate) voice: String,
+    /// Speaker of a multi-speaker voice: a name of its speaker_id_map or an id
+    /// (default: its first speaker).
+    #[arg(long, env = "NARRATOR_SPEAKER")]
+    pub(crate) speaker: Option<String>,
     /// Audio format of the outputs: wav, opus, mp3 or m4b.
     #[arg(long, default_value = "opus")]
     pub(crate) format: String,

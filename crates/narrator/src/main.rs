@@ -65,6 +65,8 @@ fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
                 serde_json::json!({
                     "name": v.name, "language": v.config.language, "sample_rate": v.config.sample_rate,
                     "quality": v.config.quality, "path": v.model_path,
+                    "speakers": v.config.num_speakers.max(1),
+                    "speaker_names": v.config.speakers().into_iter().map(|(n, _)| n).collect::<Vec<_>>(),
                 })
             })
             .collect();

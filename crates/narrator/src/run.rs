@@ -126,6 +126,10 @@ async fn produce(
     let voice = engine::find_voice(paths, eargs)?;
     let scales = engine::scales(eargs, &voice);
     let digest = identity_digest(&voice);
+    let speaker = match &eargs.speaker {
+        Some(s) => voice.config.speaker_id(&voice.name, s)?,
+        None => 0,
+    };
     let plan = plan_job(
         doc,
         source,
@@ -134,6 +138,7 @@ async fn produce(
             voice: &voice.name,
             voice_digest: &digest,
             scales,
+            speaker,
         },
     );
     if plan.segments.is_empty() {

@@ -76,6 +76,10 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     let digest = identity_digest(&voice);
     let d = voice.config.scales;
     let opts = load_options(&args.text, &voice);
+    let speaker = match &args.speaker {
+        Some(s) => voice.config.speaker_id(&voice.name, s)?,
+        None => 0,
+    };
     // Every input is read and planned before anything is recorded or enqueued. Each book
     // is its own trace (a root span), which its segments and its assembly join.
     let mut plans: Vec<(JobPlan, tracing::Span)> = Vec::new();
@@ -109,6 +113,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
                     voice: &voice.name,
                     voice_digest: &digest,
                     scales: d,
+                    speaker,
                 },
             )
         });
