@@ -475,7 +475,7 @@ pub(crate) struct RunArgs {
 pub(crate) struct SynthArgs {
     /// Text file to speak, or `-` to read standard input.
     pub(crate) input: PathBuf,
-    /// Output file; its extension picks the format (.wav, .opus, .mp3).
+    /// Output file; its extension picks the format (.wav, .opus, .mp3, .m4b).
     #[arg(long, short)]
     pub(crate) output: PathBuf,
     #[command(flatten)]

@@ -429,7 +429,7 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         .to_ascii_lowercase();
     let format: AudioFormat = ext.parse().map_err(|_| {
         anyhow::anyhow!(
-            "cannot tell the format of -o {}: end it in .wav, .opus or .mp3",
+            "cannot tell the format of -o {}: end it in .wav, .opus, .mp3 or .m4b",
             args.output.display()
         )
     })?;
