@@ -586,6 +586,20 @@ fn m4b_from_an_epub_and_from_markdown_front_matter_carries_chapters_tags_and_cov
         .map(|c| c["title"].as_str().expect("t"))
         .collect();
     assert_eq!(titles, ["Steps", "Tea"]);
+    // The same book again with another author: the finished files are not reused as
+    // they are; they are rebuilt with the new tags.
+    run_ok(&[
+        "run",
+        md.to_str().expect("utf8"),
+        "--out",
+        out.to_str().expect("utf8"),
+        "--format",
+        "m4b",
+        "--author",
+        "Second Author",
+    ]);
+    assert_eq!(check_m4b(&out)["artist"], "Second Author");
+    assert_eq!(manifest(&out)["book"]["author"], "Second Author");
 
     // A cover that is not an image: one line naming it, nothing written.
     std::fs::write(dir.path().join("notes.txt"), "not an image").expect("txt");
