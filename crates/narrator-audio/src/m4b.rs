@@ -17,7 +17,7 @@
 //! the muxer's index (a few bytes per 1024 samples).
 
 use std::path::{Path, PathBuf};
-use std::sync::Once;
+use std::sync::OnceLock;
 
 use ff::{ChannelLayout, Dictionary, Packet, Rational, codec, format};
 use ffmpeg_next as ff;
@@ -49,14 +49,14 @@ pub(crate) struct M4bSink {
 
 /// FFmpeg's global set-up, once per process: its own log goes to stderr at error level
 /// only (narrator reports failures itself).
+/// A failure is kept, so every later file reports it too.
 fn init() -> Result<(), AudioError> {
-    static INIT: Once = Once::new();
-    let mut result = Ok(());
-    INIT.call_once(|| {
-        result = ff::init().map_err(AudioError::m4b("starting FFmpeg's libraries"));
+    static INIT: OnceLock<Result<(), ff::Error>> = OnceLock::new();
+    let result = *INIT.get_or_init(|| {
         ff::util::log::set_level(ff::util::log::Level::Error);
+        ff::init()
     });
-    result
+    result.map_err(AudioError::m4b("starting FFmpeg's libraries"))
 }
 
 impl M4bSink {
