@@ -44,7 +44,7 @@ for c in "$ROOT/../shared/corpus/alice29.txt" /work/shared/corpus/alice29.txt; d
     [[ -f "$c" ]] && CORPUS="$c" && break
 done
 [[ -n "$CORPUS" ]] || die "alice29.txt not found in ../shared/corpus"
-bash "$ROOT/ops/setup.sh" >/dev/null
+bash "$ROOT/ops/setup.sh" --with-s3 >/dev/null
 (cd "$ROOT" && cargo build --release -q -p narrator)
 BIN="$ROOT/target/release/narrator"
 S3BIN="$ROOT/.deps/s3/s3s-fs/bin/s3s-fs"

@@ -20,6 +20,9 @@ die() {
 START=$(date +%s)
 
 bash ops/images.sh
+# The S3 image is built from the s3s-fs binary that setup installs (S3S_FROM=prebuilt).
+bash ops/setup.sh --with-s3 >/dev/null
+python3 -c 'import ensurepip' 2>/dev/null || apt-get install -y -qq python3-venv >/dev/null
 VENV="$ROOT/.deps/compose-venv"
 if ! "$VENV/bin/podman-compose" --version 2>/dev/null | grep -q "podman-compose version 1.6.0"; then
     say "installing podman-compose 1.6.0 into .deps/compose-venv"

@@ -437,9 +437,9 @@ json.dump(v["calibration_full"], open(sys.argv[2], "w"), indent=2)' "$RES/plan.j
         || rm -f "$RES/calibration.json"
 
     if ((CPU_MODE)); then
-        run_step book 300 book.json "${NAR[@]}" run "$CH1" --out "$SCR/book" --format wav --json --device "$DEV"
+        run_step book 300 book.json "${NAR[@]}" run "$CH1" --out "$SCR/book" --format wav --chapter-files --json --device "$DEV"
     else
-        run_step book 240 book.json "${NAR[@]}" run "$BOOK" --out "$SCR/book" --format wav --json --device "$DEV"
+        run_step book 240 book.json "${NAR[@]}" run "$BOOK" --out "$SCR/book" --format wav --chapter-files --json --device "$DEV"
     fi
     keep_audio_facts book "$SCR/book"
 
@@ -474,14 +474,14 @@ json.dump(v["calibration_full"], open(sys.argv[2], "w"), indent=2)' "$RES/plan.j
         run_step cpu-plan 90 cpu-plan.json "${NAR[@]}" plan "${CPU[@]}" --calibrate always --json
     fi
     if ((CPU_MODE)); then
-        run_step cpu-book 240 cpu-book.json "${NAR[@]}" run "$EXCERPT" --out "$SCR/cpu-book" --format wav --json "${CPU[@]}"
+        run_step cpu-book 240 cpu-book.json "${NAR[@]}" run "$EXCERPT" --out "$SCR/cpu-book" --format wav --chapter-files --json "${CPU[@]}"
     elif ((QUICK)); then
-        run_step cpu-book 90 cpu-book.json "${NAR[@]}" run "$CH1" --out "$SCR/cpu-book" --format wav --json "${CPU[@]}"
+        run_step cpu-book 90 cpu-book.json "${NAR[@]}" run "$CH1" --out "$SCR/cpu-book" --format wav --chapter-files --json "${CPU[@]}"
     elif (($(budget_left) >= 220)); then
-        run_step cpu-book 200 cpu-book.json "${NAR[@]}" run "$BOOK" --out "$SCR/cpu-book" --format wav --json "${CPU[@]}"
+        run_step cpu-book 200 cpu-book.json "${NAR[@]}" run "$BOOK" --out "$SCR/cpu-book" --format wav --chapter-files --json "${CPU[@]}"
     else
         say "[cpu-book] chapter I instead of the book: $(budget_left) s of the budget left"
-        run_step cpu-book 90 cpu-book.json "${NAR[@]}" run "$CH1" --out "$SCR/cpu-book" --format wav --json "${CPU[@]}"
+        run_step cpu-book 90 cpu-book.json "${NAR[@]}" run "$CH1" --out "$SCR/cpu-book" --format wav --chapter-files --json "${CPU[@]}"
     fi
     keep_audio_facts cpu-book "$SCR/cpu-book"
 

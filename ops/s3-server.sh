@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The S3-compatible test server: s3s-fs (filesystem-backed, checks SigV4 signatures),
-# installed by ops/setup.sh into .deps/s3/s3s-fs.
+# installed by ops/setup.sh --with-s3 into .deps/s3/s3s-fs (`start` runs that when missing).
 #
 #   ops/s3-server.sh start    unless 127.0.0.1:PORT already answers: start s3s-fs there in
 #                             the background (log .deps/s3/server.log, data .deps/s3/data,
@@ -55,7 +55,9 @@ case "${1:-}" in
             say "127.0.0.1:$PORT already answers; nothing started (bucket $BUCKET)"
             exit 0
         fi
-        [[ -x "$BIN" ]] || die "$BIN is missing: run bash ops/setup.sh"
+        # Not part of the plain set-up (`narrator run` never uses it): built on first use.
+        [[ -x "$BIN" ]] || bash "$(dirname "${BASH_SOURCE[0]}")/setup.sh" --with-s3 >&2
+        [[ -x "$BIN" ]] || die "$BIN is missing: run bash ops/setup.sh --with-s3"
         mkdir -p "$S3DIR"
         if [[ "${NARRATOR_S3_KEEP_DATA:-0}" != 1 ]]; then
             rm -rf "$DATA"

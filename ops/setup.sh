@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Prepare a Debian 12 machine to build and run narrator.
 #
-#   ops/setup.sh               system packages + .deps/ (ONNX Runtime, voice, espeak-ng data)
+#   ops/setup.sh               what `narrator run` needs: system packages + .deps/ (ONNX
+#                              Runtime, voice, espeak-ng data)
+#   ops/setup.sh --with-s3     also the S3-compatible test server s3s-fs (cargo install, a
+#                              few minutes): distributed quick start, chaos and cluster benches
+#   ops/setup.sh --test        what the test suite needs on top: --with-s3 and FFmpeg's CLI
+#                              (the tests read M4B files back with ffprobe)
 #   ops/setup.sh --with-piper  also .deps/piper-venv with the reference Piper (benchmarks,
 #                              regenerating crates/narrator-phonemes/tests/fixtures)
 #   ops/setup.sh --gpu         also ONNX Runtime's CUDA build (PyPI onnxruntime-gpu, for
@@ -21,12 +26,13 @@
 #   onnxruntime-gpu/libonnxruntime.so.1.31.1 (+ the CUDA provider)  only with --gpu
 #   cuda/lib/                        CUDA runtime, cuBLAS, cuFFT, cuRAND, NVRTC, nvJitLink,
 #                                    cuDNN shared libraries; only with --gpu
-#   s3/s3s-fs/bin/s3s-fs             S3-compatible test server (cargo install; ops/s3-server.sh)
+#   s3/s3s-fs/bin/s3s-fs             S3-compatible test server (cargo install; ops/s3-server.sh);
+#                                    only with --with-s3 or --test
 #   ok                               stamp: versions and sizes of the main files
 set -euo pipefail
 
 # ---- what this machine needs (edit here) ----------------------------------------------
-# Debian packages needed to build and test the whole workspace.
+# Debian packages needed to build the whole workspace and run it.
 APT_PACKAGES=(
     build-essential
     pkg-config
@@ -37,10 +43,8 @@ APT_PACKAGES=(
     libavcodec-dev     # M4B: FFmpeg's AAC encoder and MP4 muxer (ffmpeg-next)
     libavformat-dev
     libclang-dev       # ffmpeg-sys-next generates its bindings with bindgen
-    ffmpeg             # ffprobe: the tests read M4B files back with it
     python3
     python3-pip        # pip download of the wheels below
-    python3-venv       # --with-piper
     ca-certificates
     git
     fonts-dejavu-core  # labels of `narrator bench --plot`
@@ -58,6 +62,8 @@ S3S_FS_VERSION=0.14.1
 
 WITH_PIPER=0
 WITH_GPU=0
+WITH_S3=0
+FOR_TESTS=0
 # --gpu: ONNX Runtime's CUDA build and the CUDA user-space libraries it loads (its
 # wheel's `cuda` and `cudnn` extras).
 ORT_GPU_VERSION=1.31.1
@@ -67,12 +73,14 @@ for arg in "$@"; do
     case "$arg" in
         --with-piper) WITH_PIPER=1 ;;
         --gpu) WITH_GPU=1 ;;
+        --with-s3) WITH_S3=1 ;;
+        --test) FOR_TESTS=1 WITH_S3=1 ;;
         -h | --help)
-            sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+            sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
-            echo "setup: unknown option '$arg' (known: --with-piper, --gpu, --help)" >&2
+            echo "setup: unknown option '$arg' (known: --with-s3, --test, --with-piper, --gpu, --help)" >&2
             exit 2
             ;;
     esac
@@ -92,6 +100,10 @@ die() {
 # ---- 1. Debian packages -------------------------------------------------------------------
 # --gpu: also what ops/gpu-bundle.sh packs with (zstd; strip and objdump from binutils).
 ((WITH_GPU)) && APT_PACKAGES+=(zstd binutils)
+# --test: ffprobe reads the M4B files back.
+((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg)
+# --with-piper: the reference Piper's virtual environment.
+((WITH_PIPER)) && APT_PACKAGES+=(python3-venv)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     # "install ok installed" is the only state that means the package is usable.
@@ -321,7 +333,9 @@ fi
 # Built once from crates.io into .deps/s3/s3s-fs (a few minutes on 2 cores); a re-run only
 # asks the binary for its version.
 S3S_BIN="$DEPS/s3/s3s-fs/bin/s3s-fs"
-if [[ -x "$S3S_BIN" && "$("$S3S_BIN" --version 2>/dev/null)" == "s3s-fs $S3S_FS_VERSION" ]]; then
+if ((!WITH_S3)); then
+    : # not asked for: `narrator run` never uses it
+elif [[ -x "$S3S_BIN" && "$("$S3S_BIN" --version 2>/dev/null)" == "s3s-fs $S3S_FS_VERSION" ]]; then
     step "s3s-fs $S3S_FS_VERSION: present"
 elif ! command -v cargo >/dev/null; then
     step "s3s-fs: skipped (no cargo); narrator-s3's tests need it"

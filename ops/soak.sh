@@ -119,7 +119,7 @@ for ((i = 1; i <= WORKERS; i++)); do
 done
 log "$WORKERS workers ready; submitting"
 START=$(date +%s)
-"$NARRATOR" submit "$BOOK" --format opus --json >"$WORK/submit.json" 2>"$WORK/submit.stderr" ||
+"$NARRATOR" submit "$BOOK" --format opus --chapter-files --json >"$WORK/submit.json" 2>"$WORK/submit.stderr" ||
     { tail -5 "$WORK/submit.stderr" >&2; die "narrator submit failed"; }
 JOB=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["job_id"])' "$WORK/submit.json")
 printf 't_s\tworker\trss_kib\tfds\tphase\n' >"$WORK/samples.tsv"

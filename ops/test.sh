@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # --gpu: ONNX Runtime's CUDA build and the CUDA wheels; tests/gpu.rs checks on this
 # GPU-less machine what doctor says of them and how `--device auto` falls back.
-bash ops/setup.sh --gpu
+# --test: the S3 test server and ffprobe.
+bash ops/setup.sh --gpu --test
 # The observability tests scrape a worker with a real Prometheus and check the alert
 # rules with promtool (both in Debian's `prometheus` package).
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
@@ -23,7 +24,7 @@ if ! amqp_up && command -v rabbitmq-server >/dev/null; then
     rabbitmq-server -detached
     for _ in $(seq 60); do amqp_up && break; sleep 1; done
 fi
-# narrator-s3's tests need an S3-compatible server (s3s-fs from ops/setup.sh).
+# narrator-s3's tests need an S3-compatible server (s3s-fs from ops/setup.sh --test).
 export NARRATOR_S3_PORT="${NARRATOR_S3_PORT:-9010}"
 export NARRATOR_S3_ENDPOINT="${NARRATOR_S3_ENDPOINT:-http://127.0.0.1:$NARRATOR_S3_PORT}"
 export NARRATOR_S3_BUCKET="${NARRATOR_S3_BUCKET:-narrator}"

@@ -19,7 +19,7 @@ fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
     let book = w.book("three.md", &book_text(3, 5, None));
     let a = w.worker("a", &[], &[]);
     w.worker("b", &[], &[]);
-    let job = w.submit(&book, &["--format", "wav"]);
+    let job = w.submit(&book, &["--format", "wav", "--chapter-files"]);
     let deadline = Instant::now() + Duration::from_secs(120);
     while w.done_count(job) < 3 {
         assert!(Instant::now() < deadline, "no progress: {}", w.status(job));

@@ -56,9 +56,9 @@ impl AudioFormat {
         }
     }
 
-    /// Whether each chapter also gets a file of its own (all but M4B, whose one file
+    /// Whether chapters can also get files of their own (all but M4B, whose one file
     /// carries the chapters for the player).
-    pub fn has_chapter_files(&self) -> bool {
+    pub fn supports_chapter_files(&self) -> bool {
         !matches!(self, AudioFormat::M4b)
     }
 }

@@ -32,7 +32,9 @@ mod wav;
 pub use error::AudioError;
 pub use format::AudioFormat;
 pub use pcm::{PauseKind, Pauses, peak_normalize_to_i16};
+pub use resample::resample_for_opus;
 pub use sink::{
-    AudioSink, ChapterMark, EncodedInfo, EncoderSpec, Tags, create_encoder, create_file_encoder,
+    AudioSink, ChapterMark, EncodedInfo, EncoderSpec, EncoderTuning, Tags, create_encoder,
+    create_file_encoder,
 };
 pub use wav::{decode_wav_bytes, encode_wav_bytes, encode_wav_file, read_wav_i16};

@@ -27,6 +27,22 @@ pub(crate) struct Mp3Sink<W: Write + Seek> {
     samples_in: u64,
 }
 
+/// LAME's `-q` scale: 0 best and slowest, 9 fastest.
+fn lame_quality(q: u8) -> Quality {
+    match q {
+        0 => Quality::Best,
+        1 => Quality::SecondBest,
+        2 => Quality::NearBest,
+        3 => Quality::VeryNice,
+        4 => Quality::Nice,
+        5 => Quality::Good,
+        6 => Quality::Decent,
+        7 => Quality::Ok,
+        8 => Quality::SecondWorst,
+        _ => Quality::Worst,
+    }
+}
+
 impl<W: Write + Seek> Mp3Sink<W> {
     pub(crate) fn new(spec: &EncoderSpec, mut out: Tracked<W>) -> Result<Self, AudioError> {
         let setup = |source: BuildError| AudioError::Mp3Setup {
@@ -38,8 +54,9 @@ impl<W: Write + Seek> Mp3Sink<W> {
         builder.set_sample_rate(spec.sample_rate).map_err(setup)?;
         builder.set_mode(Mode::Mono).map_err(setup)?;
         builder.set_brate(Bitrate::Kbps64).map_err(setup)?;
-        // LAME's own default algorithm quality (-q 3); -q 2 cost ~2x the CPU.
-        builder.set_quality(Quality::VeryNice).map_err(setup)?;
+        builder
+            .set_quality(lame_quality(spec.tuning.mp3_quality))
+            .map_err(setup)?;
         builder.set_to_write_vbr_tag(true).map_err(setup)?;
         let encoder = builder.build().map_err(setup)?;
 

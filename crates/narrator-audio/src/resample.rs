@@ -143,6 +143,16 @@ impl To48k {
     }
 }
 
+/// The 48 kHz signal the Opus encoder is given for `samples` at `rate`, whole: what a
+/// decoded Opus stream is compared with when measuring what the codec changed.
+pub fn resample_for_opus(samples: &[i16], rate: u32) -> Result<Vec<f32>, AudioError> {
+    let mut r = To48k::new(rate)?;
+    let mut out = Vec::with_capacity(samples.len() * 48 / 22 + 64);
+    r.push(samples, &mut out)?;
+    r.finish(&mut out)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,6 +59,41 @@ pub struct EncoderSpec {
     pub tags: Tags,
     /// Chapter marks, in ascending start order (ignored by WAV).
     pub chapters: Vec<ChapterMark>,
+    /// How hard the lossy encoders work (the defaults were chosen by measurement).
+    pub tuning: EncoderTuning,
+}
+
+/// Effort settings of the lossy encoders. The defaults were chosen by measuring CPU time
+/// and the decoded signal's SNR on the shipped voice's speech (docs/BENCHMARKS.md, issue
+/// 18: `cargo test -p narrator-audio --release --test encoders -- --ignored speech_effort`):
+/// Opus complexity 5 costs 18 CPU s per hour of speech against 66 at complexity 10 (where
+/// libopus spends it on SILK/hybrid mode decisions) for 0.3 dB less SNR; CELT-only mode and
+/// the band cap gained nothing at 5. LAME stays at its default `-q 3` (`-q 2` costs twice
+/// the CPU; `-q 5` the same as 3; `-q 7` half, but LAME rates it "ok quality" and a
+/// waveform SNR cannot see what its cheaper noise shaping loses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncoderTuning {
+    /// libopus complexity, 0 (cheapest) to 10.
+    pub opus_complexity: u8,
+    /// libopus in its CELT-only mode (`OPUS_APPLICATION_RESTRICTED_LOWDELAY`): no
+    /// SILK/hybrid mode decisions, the same transform codec for every frame.
+    pub opus_celt_only: bool,
+    /// Caps Opus's coded band at what the input rate can hold (super-wideband, 12 kHz,
+    /// for voices at 24 kHz or less) instead of letting the encoder pick fullband.
+    pub opus_band_cap: bool,
+    /// LAME algorithm quality, 0 (best, slowest) to 9 (fastest).
+    pub mp3_quality: u8,
+}
+
+impl Default for EncoderTuning {
+    fn default() -> Self {
+        EncoderTuning {
+            opus_complexity: 5,
+            opus_celt_only: false,
+            opus_band_cap: false,
+            mp3_quality: 3,
+        }
+    }
 }
 
 impl EncoderSpec {
@@ -69,6 +104,7 @@ impl EncoderSpec {
             sample_rate,
             tags: Tags::default(),
             chapters: Vec::new(),
+            tuning: EncoderTuning::default(),
         }
     }
 

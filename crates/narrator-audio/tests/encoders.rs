@@ -684,3 +684,114 @@ fn one_hour_throughput() -> TestResult {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------
+// Encoder effort on real speech: CPU time against what the codec changes.
+
+/// Signal-to-noise ratio (dB) of `decoded` against `reference`, after finding the best
+/// alignment within ±`max_lag` samples on a 5 s excerpt.
+fn snr_db(reference: &[f32], decoded: &[f32], rate: u32, max_lag: i64) -> (f64, i64) {
+    let n = reference.len().min(decoded.len());
+    let from = (rate as usize * 10).min(n / 4);
+    let to = (from + rate as usize * 5).min(n.saturating_sub(max_lag as usize));
+    let at = |x: &[f32], i: i64| -> f64 {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| x.get(i))
+            .map_or(0.0, |&v| f64::from(v))
+    };
+    let mut best = (f64::MIN, 0);
+    for lag in -max_lag..=max_lag {
+        let c: f64 = (from..to)
+            .map(|i| f64::from(reference[i]) * at(decoded, i as i64 + lag))
+            .sum();
+        if c > best.0 {
+            best = (c, lag);
+        }
+    }
+    let lag = best.1;
+    let (mut signal, mut noise) = (0.0, 0.0);
+    for (i, &r) in reference[..n].iter().enumerate() {
+        let d = at(decoded, i as i64 + lag);
+        signal += f64::from(r) * f64::from(r);
+        noise += (f64::from(r) - d) * (f64::from(r) - d);
+    }
+    (10.0 * (signal / noise.max(1e-12)).log10(), lag)
+}
+
+fn decode_opus_whole(bytes: Vec<u8>) -> Result<Vec<f32>, Box<dyn std::error::Error>> {
+    let ogg = parse_ogg_opus(bytes)?;
+    let pre_skip = usize::from(u16::from_le_bytes([ogg.head[10], ogg.head[11]]));
+    let mut decoder = opus::Decoder::new(48000, opus::Channels::Mono)?;
+    let (mut pcm, mut frame) = (Vec::new(), vec![0f32; 5760]);
+    for packet in &ogg.audio {
+        let n = decoder.decode_float(packet, &mut frame, false)?;
+        pcm.extend_from_slice(&frame[..n]);
+    }
+    let end = usize::try_from(ogg.last_granule)?.min(pcm.len());
+    Ok(pcm[pre_skip.min(end)..end].to_vec())
+}
+
+/// Make the speech once (`narrator synth CHAPTER.txt -o /tmp/speech.wav`), then
+/// `NARRATOR_SPEECH_WAV=/tmp/speech.wav cargo test -p narrator-audio --release --test
+/// encoders -- --ignored --nocapture speech_effort`: every setting's CPU seconds per hour
+/// of speech, SNR of the decoded signal and size, one line each.
+#[test]
+#[ignore = "needs NARRATOR_SPEECH_WAV (real speech); run in release for the figures"]
+fn speech_effort_sweep() -> TestResult {
+    let path = std::env::var("NARRATOR_SPEECH_WAV")
+        .map_err(|_| "set NARRATOR_SPEECH_WAV to a WAV of the voice's speech")?;
+    let (rate, input) = read_wav_i16(std::path::Path::new(&path))?;
+    let hours = input.len() as f64 / f64::from(rate) / 3600.0;
+    let reference48 = narrator_audio::resample_for_opus(&input, rate)?;
+    let reference: Vec<f32> = input.iter().map(|&s| f32::from(s) / 32768.0).collect();
+    let base = narrator_audio::EncoderTuning::default();
+    let mut settings = Vec::new();
+    for complexity in [10, 8, 5, 3, 1] {
+        for (celt_only, band_cap) in [(false, false), (true, false), (false, true), (true, true)] {
+            settings.push((
+                AudioFormat::Opus,
+                narrator_audio::EncoderTuning {
+                    opus_complexity: complexity,
+                    opus_celt_only: celt_only,
+                    opus_band_cap: band_cap,
+                    ..base
+                },
+            ));
+        }
+    }
+    for q in [2, 3, 5, 7, 9] {
+        settings.push((
+            AudioFormat::Mp3,
+            narrator_audio::EncoderTuning {
+                mp3_quality: q,
+                ..base
+            },
+        ));
+    }
+    println!("{:.1} min of speech at {rate} Hz from {path}", hours * 60.0);
+    for (format, tuning) in settings {
+        let spec = EncoderSpec {
+            tuning,
+            ..EncoderSpec::new(format, rate)
+        };
+        let before = thread_cpu_seconds().unwrap_or(0.0);
+        let (info, bytes) = encode(&spec, &input.chunks(22050).collect::<Vec<_>>())?;
+        let cpu = thread_cpu_seconds().unwrap_or(0.0) - before;
+        let (snr, lag) = match format {
+            AudioFormat::Opus => snr_db(&reference48, &decode_opus_whole(bytes)?, 48000, 1200),
+            _ => snr_db(&reference, &decode_mp3(bytes)?.samples, rate, 1200),
+        };
+        println!(
+            "{format} complexity={} celt_only={} band_cap={} mp3_q={}: {:.1} CPU s per hour, \
+             SNR {snr:.2} dB (lag {lag}), {:.1} MB per hour",
+            tuning.opus_complexity,
+            tuning.opus_celt_only,
+            tuning.opus_band_cap,
+            tuning.mp3_quality,
+            cpu / hours,
+            info.bytes as f64 / 1e6 / hours,
+        );
+    }
+    Ok(())
+}

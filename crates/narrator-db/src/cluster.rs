@@ -257,6 +257,9 @@ pub struct JobSettings {
     pub paragraph_pause_ms: u32,
     /// Silence between chapters in the book file, ms.
     pub chapter_pause_ms: u32,
+    /// Also one file per chapter (`--chapter-files`).
+    #[serde(default)]
+    pub chapter_files: bool,
 }
 
 impl Default for JobSettings {
@@ -265,6 +268,7 @@ impl Default for JobSettings {
             sentence_pause_ms: 250,
             paragraph_pause_ms: 600,
             chapter_pause_ms: 1500,
+            chapter_files: false,
         }
     }
 }

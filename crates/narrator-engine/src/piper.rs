@@ -104,6 +104,17 @@ impl ArenaPolicy {
         self.settled.store(true, Ordering::Release);
     }
 
+    /// Ends the warm-up now with the arenas kept at runs of `tokens` (batch × padded
+    /// length): a larger run gives back what it added when it ends. With several sessions
+    /// each session's arena otherwise stays at the largest run it ever made, and their
+    /// sum is what several sessions cost (measured on 2 cores, 2 sessions, Alice ch. I:
+    /// 1,170–1,250 MiB kept, 880–905 MiB with 300–500 kept tokens, 2–6 % slower; shrinking
+    /// after every run: 815 MiB, 13 % slower; see docs/BENCHMARKS.md).
+    pub fn settle_at(&self, tokens: usize) {
+        self.kept_tokens.store(tokens, Ordering::Release);
+        self.settle();
+    }
+
     /// The largest run (batch × padded length) the arena was grown for before settling.
     pub fn kept_tokens(&self) -> usize {
         self.kept_tokens.load(Ordering::Acquire)
@@ -398,6 +409,12 @@ mod tests {
         assert!(p.shrink_after(901));
         // Settled: a larger run does not raise what is kept.
         assert_eq!(p.kept_tokens(), 900);
+        // Settled at a size chosen up front (several sessions): no warm-up needed.
+        let q = ArenaPolicy::new(CpuArena::Bounded);
+        q.settle_at(512);
+        assert!(!q.shrink_after(512));
+        assert!(q.shrink_after(513));
+        assert_eq!(q.kept_tokens(), 512);
         for (mode, big) in [
             (CpuArena::Keep, false),
             (CpuArena::Off, false),

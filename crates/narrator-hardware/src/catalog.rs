@@ -161,6 +161,7 @@ impl Catalog {
                 "calibration of {} ({}, ONNX Runtime {}): {}",
                 name, origin.0, c.runtime, p.reason
             );
+            p.source = "catalog".into();
             return p;
         }
         let mut p = plan(device, memory, limits);

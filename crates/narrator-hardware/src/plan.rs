@@ -300,6 +300,33 @@ pub struct Plan {
     pub batch_items: usize,
     /// One sentence on what decided the plan.
     pub reason: String,
+    /// Where the plan came from: `default` (no calibration: the measured default),
+    /// `calibration` (measured here, now or cached), `catalog` (a shipped calibration of
+    /// this GPU model); `+flags` when flags changed it.
+    #[serde(default)]
+    pub source: String,
+}
+
+impl Plan {
+    /// One line on the layout: sessions × threads, batch, and where it came from.
+    pub fn layout_line(&self) -> String {
+        let s = |n: usize| if n == 1 { "" } else { "s" };
+        format!(
+            "{} session{} x {} thread{} on {}, up to {} item{} per run (plan: {})",
+            self.sessions,
+            s(self.sessions),
+            self.intra_threads,
+            s(self.intra_threads),
+            self.device,
+            self.max_batch_requests,
+            s(self.max_batch_requests),
+            if self.source.is_empty() {
+                "unknown"
+            } else {
+                &self.source
+            }
+        )
+    }
 }
 
 /// The plan for `device` given `calib` (see the module docs).
@@ -408,6 +435,11 @@ pub fn plan(device: &DeviceSpec, calib: &Calibration, limits: &PlanLimits) -> Pl
         memory_budget_bytes,
         batch_items: items,
         reason: why,
+        source: if calib.source == "supplied" {
+            "default".into()
+        } else {
+            "calibration".into()
+        },
     }
 }
 

@@ -2,8 +2,9 @@
 //!
 //! The layout (where every segment and pause falls) is a pure function of the plan and
 //! the recorded sample counts, computed before any audio is read, so chapter marks can go
-//! into the book file's header. Audio then streams segment by segment into two encoders
-//! at once (chapter and book): memory stays at one segment however long the book is.
+//! into the book file's header. Audio then streams segment by segment into the book's
+//! encoder (and, when chapter files are asked for, its chapter's): memory stays at one
+//! segment however long the book is.
 //! Every file is written under a staging name and published through the store; the
 //! manifest goes last, so its presence means everything it lists is complete.
 
@@ -33,6 +34,9 @@ use crate::PipelineError;
 pub struct AssembleOptions {
     /// Output format.
     pub format: AudioFormat,
+    /// Also one file per chapter (formats that support them): every sample is then
+    /// encoded twice, once for its chapter's file and once for the book's.
+    pub chapter_files: bool,
     /// Pause lengths.
     pub pauses: Pauses,
     /// Folder for files being written (same filesystem as the outputs for a local store).
@@ -81,13 +85,15 @@ pub struct Layout {
     pub book_file: String,
 }
 
-/// Computes the layout. `records` must hold one record per segment, sorted by index.
+/// Computes the layout. `records` must hold one record per segment, sorted by index;
+/// `chapter_files`: chapters get files of their own where `format` supports them.
 pub fn layout(
     plan: &JobPlan,
     records: &[SegmentRecord],
     pauses: &Pauses,
     rate: u32,
     format: AudioFormat,
+    chapter_files: bool,
 ) -> Layout {
     let ext = format.extension();
     let width = plan.chapters.len().to_string().len().max(2);
@@ -110,7 +116,7 @@ pub fn layout(
             }
         }
         let name = slug(&ch.title, 48);
-        let file = format.has_chapter_files().then(|| {
+        let file = (chapter_files && format.supports_chapter_files()).then(|| {
             if name.is_empty() {
                 format!("{:0width$}.{ext}", ci + 1)
             } else {
@@ -363,7 +369,14 @@ pub async fn assemble<A: AudioStore + 'static>(
     let started = Instant::now();
     let rate = records.first().map_or(22050, |r| r.sample_rate);
     let ext = opts.format.extension();
-    let lay = layout(plan, records, &opts.pauses, rate, opts.format);
+    let lay = layout(
+        plan,
+        records,
+        &opts.pauses,
+        rate,
+        opts.format,
+        opts.chapter_files,
+    );
     std::fs::create_dir_all(&opts.staging).map_err(|source| PipelineError::Io {
         path: opts.staging.clone(),
         source,
@@ -615,6 +628,7 @@ mod tests {
             &pauses,
             1000,
             AudioFormat::Wav,
+            true,
         );
         assert_eq!(l.segments, [(0, 500), (700, 300), (2000, 400)]);
         assert_eq!(l.chapters[0].samples, 1000);
@@ -629,10 +643,23 @@ mod tests {
             &pauses,
             1000,
             AudioFormat::M4b,
+            true,
         );
         assert_eq!(m.segments, l.segments);
         assert!(m.chapters.iter().all(|c| c.file.is_none()));
         assert_eq!(m.book_file, "my-book-a-tale.m4b");
+        // Chapter files not asked for: the same places, one file.
+        let one = layout(
+            &plan(),
+            &[rec(0, 500), rec(1, 300), rec(2, 400)],
+            &pauses,
+            1000,
+            AudioFormat::Opus,
+            false,
+        );
+        assert_eq!(one.segments, l.segments);
+        assert!(one.chapters.iter().all(|c| c.file.is_none()));
+        assert_eq!(one.book_file, "my-book-a-tale.opus");
     }
 
     #[test]

@@ -108,6 +108,7 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
 
     let aopts = AssembleOptions {
         format: AudioFormat::Wav,
+        chapter_files: true,
         pauses: Pauses::default(),
         staging: dir.path().join("staging"),
     };

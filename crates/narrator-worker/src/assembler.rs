@@ -98,6 +98,7 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
         })?;
     let opts = AssembleOptions {
         format,
+        chapter_files: stored.settings.chapter_files,
         pauses: Pauses {
             sentence_ms: stored.settings.sentence_pause_ms,
             paragraph_ms: stored.settings.paragraph_pause_ms,

@@ -167,8 +167,9 @@ pub(crate) struct BookArgs {
 // Parsed once per process: the size of the largest variant does not matter.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Command {
-    /// Turn a book (.txt, .md, .epub) into an audiobook folder: one file per chapter, the
-    /// whole book, and manifest.json. Interrupted runs resume where they stopped.
+    /// Turn a book (.txt, .md, .epub) into an audiobook folder: the whole book with its
+    /// chapter marks and manifest.json (with --chapter-files also one file per chapter).
+    /// Interrupted runs resume where they stopped.
     Run(RunArgs),
     /// Speak a short text file (or - for stdin) into one audio file.
     Synth(SynthArgs),
@@ -326,6 +327,10 @@ pub(crate) struct SubmitArgs {
     /// Audio format of the outputs: wav, opus, mp3 or m4b.
     #[arg(long, default_value = "opus")]
     pub(crate) format: String,
+    /// Also one file per chapter beside the whole book (not for m4b). Costs a second
+    /// encoding of every sample on the assembling worker.
+    #[arg(long)]
+    pub(crate) chapter_files: bool,
     /// Priority recorded with the job (listed by `narrator jobs`).
     #[arg(long, default_value_t = 0)]
     pub(crate) priority: i32,
@@ -457,6 +462,10 @@ pub(crate) struct RunArgs {
     /// Audio format: wav, opus, mp3 or m4b (one file with chapters, tags and cover).
     #[arg(long, default_value = "opus")]
     pub(crate) format: String,
+    /// Also one file per chapter beside the whole book, which always carries the chapter
+    /// marks (not for m4b). Costs a second encoding of every sample.
+    #[arg(long)]
+    pub(crate) chapter_files: bool,
     /// Print the final summary as JSON instead of a progress bar and text.
     #[arg(long)]
     pub(crate) json: bool,

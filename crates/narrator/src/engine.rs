@@ -172,6 +172,24 @@ fn slug(s: &str) -> String {
         .collect()
 }
 
+/// Runs (batch × padded length, in tokens) whose arena memory sessions keep when there
+/// are several of them (a larger run gives back what it added when it ends). Measured on
+/// 2 cores with Alice ch. I (sentences up to ~780 tokens): see docs/BENCHMARKS.md, issue 18.
+const MULTI_SESSION_KEPT_TOKENS: usize = 512;
+
+/// Memory one more CPU session may take at its peak (weights, kept arena, one long run).
+const BYTES_PER_CPU_SESSION: u64 = 768 << 20;
+
+/// Sessions on CPU when nothing was measured: one single-threaded session per core, as
+/// many as half the available memory holds at [`BYTES_PER_CPU_SESSION`]. Measured on a
+/// 2-core machine, 2 sessions × 1 thread run the voice ~15 % faster than 1 session × 2
+/// threads, and the calibration keeps this layout unless the other one beats it.
+fn default_cpu_sessions(cores: usize, available_bytes: u64) -> usize {
+    let by_memory =
+        usize::try_from(available_bytes / 2 / BYTES_PER_CPU_SESSION).unwrap_or(usize::MAX);
+    by_memory.clamp(1, cores.max(1))
+}
+
 /// Where a calibration of this voice, device model, runtime and thread layout is cached.
 pub(crate) fn calibration_path(
     paths: &Paths,
@@ -261,7 +279,6 @@ pub(crate) fn load_with(
     let cores = profile.cpu.usable_cores.max(1);
     // The thread layout is measured on CPU unless a flag fixes it.
     let auto_layout = args.sessions.is_none() && args.intra_threads.is_none();
-    let mut sessions = args.sessions.unwrap_or(1).max(1);
     // On a GPU the CPU threads only feed it: one non-spinning intra-op thread per session
     // leaves the cores to the phonemizer and the encoders; padded lengths are rounded to
     // 16 tokens so cuDNN sees few distinct shapes.
@@ -270,6 +287,12 @@ pub(crate) fn load_with(
         Device::Auto => rt.cuda_available,
         Device::Cpu => false,
     };
+    let default_sessions = if on_gpu || !auto_layout {
+        1
+    } else {
+        default_cpu_sessions(cores, profile.memory.available_bytes)
+    };
+    let mut sessions = args.sessions.unwrap_or(default_sessions).max(1);
     let mut intra = args
         .intra_threads
         .unwrap_or_else(|| if on_gpu { 1 } else { (cores / sessions).max(1) });
@@ -370,26 +393,39 @@ pub(crate) fn load_with(
         (None, Planning::CachedOnly) => None,
         (None, _) => {
             let mut layouts = Vec::new();
-            if auto_layout && on_cpu && cores >= 2 {
-                let many = cpu_pool(cores, 1)?;
+            if auto_layout && on_cpu && sessions >= 2 {
+                // The default (one single-threaded session per core) against one session
+                // on every core: the default stays unless the other is faster by the knee
+                // gain, so a calibration confirms what an uncalibrated run already does.
+                let default_pool = synth.pool();
+                synth.set_pool(cpu_pool(1, cores)?);
                 let (one_x, many_x, many_worst) = tokio::task::block_in_place(|| {
-                    narrator_pipeline::calibrate::compare_layouts(&synth, &many, ITEM_TOKENS, 3)
+                    narrator_pipeline::calibrate::compare_layouts(
+                        &synth,
+                        &default_pool,
+                        ITEM_TOKENS,
+                        3,
+                    )
                 })
                 .with_context(|| format!("comparing thread layouts for voice {name}"))?;
                 layouts.push(narrator_hardware::LayoutPoint {
                     sessions: 1,
-                    intra_threads: intra,
+                    intra_threads: cores,
                     throughput: one_x,
                 });
                 layouts.push(narrator_hardware::LayoutPoint {
-                    sessions: cores,
-                    intra_threads: 1,
+                    sessions,
+                    intra_threads: intra,
                     throughput: many_x,
                 });
                 tracing::info!(one_x, many_x, many_worst, cores, "thread layouts measured");
-                if many_worst >= one_x * (1.0 + limits.knee_gain) {
-                    synth.set_pool(many);
-                    (sessions, intra) = (cores, 1);
+                if one_x >= many_x * (1.0 + limits.knee_gain) {
+                    (sessions, intra) = (1, cores);
+                } else {
+                    synth.set_pool(match Arc::try_unwrap(default_pool) {
+                        Ok(pool) => pool,
+                        Err(_) => cpu_pool(sessions, intra)?,
+                    });
                 }
             }
             eprintln!(
@@ -448,6 +484,7 @@ pub(crate) fn load_with(
                 known_origin.as_deref().unwrap_or("the catalog"),
                 p.reason
             );
+            p.source = "catalog".into();
             p
         }
         Some(c) => narrator_hardware::plan(&spec, c, &limits),
@@ -470,6 +507,14 @@ pub(crate) fn load_with(
     };
     plan.sessions = sessions;
     plan.intra_threads = intra;
+    if on_cpu && sessions > 1 && arena.mode() == narrator_engine::CpuArena::Bounded {
+        // Each session's arena would keep the largest run it ever made, and several of
+        // them add up: keep them at sentence-sized runs, larger runs give back theirs.
+        arena.settle_at(MULTI_SESSION_KEPT_TOKENS);
+    }
+    if !auto_layout || args.max_batch.is_some() {
+        plan.source.push_str("+flags");
+    }
     if let Some(n) = args.max_batch {
         plan.max_batch_requests = n.max(1);
         plan.max_batch_tokens = n.max(1) * MAX_ITEM_TOKENS;
@@ -596,6 +641,7 @@ pub(crate) fn load_null(
         memory_budget_bytes: 0,
         batch_items: n,
         reason: "null engine: fixed plan (--max-batch)".into(),
+        source: "flags".into(),
     };
     Ok(Loaded {
         synth,

@@ -36,8 +36,10 @@ impl Progress {
             },
         );
         bar.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} segments  {msg}  ETA {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{prefix} {bar:30} {pos}/{len} segments  {msg}  ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         Self {
             bar,
@@ -89,12 +91,24 @@ impl Progress {
         }
     }
 
+    /// The layout the voice runs with: printed once, and kept short at the line's start.
+    pub(crate) fn layout(&self, plan: &narrator_hardware::Plan) {
+        if self.bar.is_hidden() {
+            return;
+        }
+        self.bar.println(format!("layout: {}", plan.layout_line()));
+        self.bar.set_prefix(format!(
+            "[{}x{} b{} {}]",
+            plan.sessions, plan.intra_threads, plan.max_batch_requests, plan.source
+        ));
+    }
+
     pub(crate) fn resumed(&self) -> usize {
         self.counts.lock().map(|c| c.resumed).unwrap_or(0)
     }
 
     pub(crate) fn assembling(&self) {
-        self.bar.set_message("assembling chapter and book files");
+        self.bar.set_message("assembling the output files");
     }
 
     pub(crate) fn finish(&self) {

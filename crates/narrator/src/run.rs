@@ -94,6 +94,8 @@ fn writable_dir(dir: &Path) -> anyhow::Result<()> {
 struct Outcome {
     manifest: Manifest,
     resumed: usize,
+    /// The plan the voice ran with (none when the outputs were already complete).
+    plan: Option<narrator_hardware::Plan>,
 }
 
 /// One audiobook to make.
@@ -103,6 +105,8 @@ struct Request<'a> {
     fallback_title: &'a str,
     out: &'a Path,
     format: AudioFormat,
+    /// One file per chapter too.
+    chapter_files: bool,
     show_progress: bool,
     keep_work: bool,
 }
@@ -120,6 +124,7 @@ async fn produce(
         fallback_title,
         out,
         format,
+        chapter_files,
         show_progress,
         keep_work,
     } = req;
@@ -158,6 +163,9 @@ async fn produce(
             && m.job_id == plan.job_id
             && m.format == format.extension()
             && same_tags(&m, &plan)
+            && m.chapters
+                .iter()
+                .all(|c| c.file.is_some() == (chapter_files && format.supports_chapter_files()))
             && out.join(&m.book.file).is_file()
             && m.chapters
                 .iter()
@@ -167,6 +175,7 @@ async fn produce(
             return Ok(Outcome {
                 resumed: plan.segments.len(),
                 manifest: m,
+                plan: None,
             });
         }
         // The outputs it lists belong to another job or format: remove them with it.
@@ -220,8 +229,10 @@ async fn produce(
         None => engine::Planning::CachedOnly,
     };
     let loaded = engine::load(paths, eargs, voice, planning)?;
+    let used_plan = loaded.plan.clone();
     let synth = Arc::new(loaded.synth);
     let progress = Arc::new(Progress::new(show_progress, started));
+    progress.layout(&used_plan);
     let p = progress.clone();
     let saved_at = Arc::new(AtomicU64::new(0));
     let work_for_events = work.clone();
@@ -260,6 +271,7 @@ async fn produce(
     save_state(wall)?;
     let aopts = AssembleOptions {
         format,
+        chapter_files,
         pauses: pauses(targs),
         staging: work.join("staging"),
     };
@@ -270,7 +282,11 @@ async fn produce(
     if !keep_work {
         let _ = std::fs::remove_dir_all(&work);
     }
-    Ok(Outcome { manifest, resumed })
+    Ok(Outcome {
+        manifest,
+        resumed,
+        plan: Some(used_plan),
+    })
 }
 
 pub(crate) fn worker_name() -> String {
@@ -350,9 +366,21 @@ pub(crate) fn apply_book_args(
     Ok(())
 }
 
+/// `--chapter-files` with a format that keeps its chapters in one file is refused.
+pub(crate) fn check_chapter_files(format: AudioFormat, chapter_files: bool) -> anyhow::Result<()> {
+    if chapter_files && !format.supports_chapter_files() {
+        bail!(
+            "--chapter-files: {format} keeps its chapters inside its one file; drop the flag, or \
+             use --format opus, mp3 or wav for one file per chapter"
+        );
+    }
+    Ok(())
+}
+
 /// `narrator run`.
 pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     let format: AudioFormat = args.format.parse()?;
+    check_chapter_files(format, args.chapter_files)?;
     // The voice first: its language decides how the text is read.
     let voice = engine::find_voice(paths, &args.engine)?;
     let mut doc = narrator_text::load_document(&args.book, &load_options(&args.text, &voice))?;
@@ -370,6 +398,7 @@ pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
         fallback_title: &file_stem(&args.book),
         out: &args.out,
         format,
+        chapter_files: args.chapter_files,
         show_progress: show,
         keep_work: args.keep_work,
     };
@@ -396,6 +425,15 @@ fn print_summary(o: &Outcome, out: &Path, json: bool) -> anyhow::Result<()> {
             "rtf": m.rtf,
             "x_realtime": if m.rtf > 0.0 { 1.0 / m.rtf } else { 0.0 },
             "warnings": m.warnings,
+            "plan": o.plan.as_ref().map(|p| serde_json::json!({
+                "device": p.device,
+                "sessions": p.sessions,
+                "intra_threads": p.intra_threads,
+                "max_batch_requests": p.max_batch_requests,
+                "max_batch_tokens": p.max_batch_tokens,
+                "source": p.source,
+                "reason": p.reason,
+            })),
         });
         println!("{v}");
     } else {
@@ -413,6 +451,9 @@ fn print_summary(o: &Outcome, out: &Path, json: bool) -> anyhow::Result<()> {
                 String::new()
             }
         );
+        if let Some(p) = &o.plan {
+            println!("layout: {}", p.layout_line());
+        }
         println!("book: {}", out.join(&m.book.file).display());
         println!("manifest: {}", out.join("manifest.json").display());
     }
@@ -475,6 +516,7 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         fallback_title: "speech",
         out: work.path(),
         format,
+        chapter_files: false,
         show_progress: false,
         keep_work: false,
     };

@@ -87,6 +87,7 @@ fn run_makes_an_audiobook_folder_with_a_complete_manifest() {
         out.to_str().expect("utf8"),
         "--format",
         "wav",
+        "--chapter-files",
         "--json",
     ]);
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
@@ -252,6 +253,55 @@ fn opus_and_mp3_reuse_kept_segments() {
         bytes.windows(11).any(|w| w == b"CHAPTER002="),
         "chapter marks in the book file"
     );
+    // By default the book is encoded once: no chapter files.
+    let listed = |out: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(out)
+            .expect("out")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    };
+    assert!(
+        m["chapters"]
+            .as_array()
+            .expect("chapters")
+            .iter()
+            .all(|c| c.get("file").is_none()),
+        "{m}"
+    );
+    assert_eq!(
+        listed(&out).len(),
+        2,
+        "the book and manifest.json: {:?}",
+        listed(&out)
+    );
+    // --chapter-files on the same folder: the kept segments, and a file per chapter.
+    let r = run_ok(&[
+        "run",
+        s,
+        "--out",
+        o,
+        "--format",
+        "opus",
+        "--keep-work",
+        "--chapter-files",
+        "--json",
+    ]);
+    let summary: serde_json::Value = serde_json::from_slice(&r.stdout).expect("json");
+    assert_eq!(summary["resumed_segments"], summary["segments"]);
+    let m = manifest(&out);
+    for c in m["chapters"].as_array().expect("chapters") {
+        let f = out.join(c["file"].as_str().expect("a chapter file"));
+        assert_eq!(&std::fs::read(&f).expect("chapter")[..4], b"OggS", "{c}");
+    }
+    assert_eq!(
+        listed(&out).len(),
+        2 + m["chapters"].as_array().expect("chapters").len()
+    );
+    let e = run_err(&["run", s, "--out", o, "--format", "m4b", "--chapter-files"]);
+    assert!(e.contains("--chapter-files: m4b keeps its chapters"), "{e}");
 
     let r = run_ok(&["run", s, "--out", o, "--format", "mp3", "--json"]);
     let summary: serde_json::Value = serde_json::from_slice(&r.stdout).expect("json");
@@ -774,6 +824,55 @@ fn plan_calibrates_this_machine_once_and_then_reads_the_cache() {
     let q = &plan_lines(&cached)[0];
     assert_eq!(q["calibration"]["source"], "cache", "{q}");
     assert_eq!(q["max_batch_tokens"], p["max_batch_tokens"]);
+}
+
+/// A data folder of its own (links to the shared runtime, voices and espeak-ng data), so
+/// its calibration cache starts empty whatever other tests have calibrated.
+fn fresh_data_dir() -> tempfile::TempDir {
+    let deps = Path::new(ROOT).join(".deps");
+    let dir = tempfile::tempdir().expect("tempdir");
+    for part in ["voices", "onnxruntime", "espeak-ng-data"] {
+        std::os::unix::fs::symlink(deps.join(part), dir.path().join(part)).expect("link");
+    }
+    dir
+}
+
+fn run_layout(data: &Path, out: &Path) -> serde_json::Value {
+    let text = sample();
+    let o = narrator()
+        .env("NARRATOR_DATA_DIR", data)
+        .args(["run", text.to_str().unwrap_or_default(), "--out"])
+        .arg(out)
+        .args(["--format", "wav", "--json"])
+        .output()
+        .expect("spawn narrator");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("run --json");
+    r["plan"].clone()
+}
+
+#[test]
+fn run_uses_the_same_layout_before_and_after_a_calibration() {
+    let data = fresh_data_dir();
+    let out = tempfile::tempdir().expect("tempdir");
+    let before = run_layout(data.path(), &out.path().join("before"));
+    assert_eq!(before["source"], "default", "{before}");
+    let calibrated = narrator()
+        .env("NARRATOR_DATA_DIR", data.path())
+        .args(["plan", "--json", "--calibrate", "always"])
+        .output()
+        .expect("spawn narrator plan");
+    assert!(calibrated.status.success());
+    assert_eq!(
+        plan_lines(&calibrated)[0]["calibration"]["source"],
+        "measured"
+    );
+    let after = run_layout(data.path(), &out.path().join("after"));
+    assert_eq!(after["source"], "calibration", "{after}");
+    for k in ["device", "sessions", "intra_threads", "max_batch_requests"] {
+        assert!(!before[k].is_null(), "{k} missing: {before}");
+        assert_eq!(before[k], after[k], "{k}: before {before}, after {after}");
+    }
 }
 
 /// A fresh database (dropped by the caller) named `narrator_cli_bench_<uuid>`: its URL.

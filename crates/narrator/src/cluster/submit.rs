@@ -72,6 +72,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
 /// `narrator submit`.
 pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()> {
     let format: AudioFormat = args.format.parse()?;
+    crate::run::check_chapter_files(format, args.chapter_files)?;
     let voice = narrator_engine::Voice::find(&paths.voices, &args.voice)?;
     let digest = identity_digest(&voice);
     let d = voice.config.scales;
@@ -130,6 +131,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
         sentence_pause_ms: args.text.sentence_pause_ms,
         paragraph_pause_ms: args.text.paragraph_pause_ms,
         chapter_pause_ms: args.text.chapter_pause_ms,
+        chapter_files: args.chapter_files,
     };
     let pool = cluster::database(&args.services).await?;
     let conn = cluster::broker(&args.services, "narrator-submit").await?;
