@@ -40,7 +40,7 @@ fn a_book_is_one_trace_from_submit_through_every_segment_to_the_assembly() {
     let book = w.book("traced.md", &book_text(3, 4, None));
     let submitted = w.submit_json(
         &book,
-        &["--format", "wav"],
+        &["--format", "wav", "--chapter-files"],
         &http.env(Transport::HttpProtobuf),
     );
     let job: narrator_test_support::narrator_db::Uuid = submitted["job_id"]
