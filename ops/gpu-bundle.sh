@@ -79,6 +79,7 @@ if [[ -z $CORPUS ]]; then
 fi
 
 [[ -x $BIN ]] || die "no narrator binary at $BIN: build it first (cargo build --release -p narrator), or set NARRATOR_BIN"
+"$BIN" --version | grep -q fleet || die "$BIN was built without the distributed mode (README command 1 builds it so): cargo build --release -p narrator"
 [[ -f $ORT_GPU/libonnxruntime_providers_cuda.so && -f $ORT_GPU/libonnxruntime.so.$ORT_GPU_VERSION ]] \
     || die "ONNX Runtime's CUDA build is missing in $ORT_GPU: run \`bash ops/setup.sh --gpu\` first"
 [[ -f $ORT_GPU/libonnxruntime_providers_shared.so ]] || die "$ORT_GPU/libonnxruntime_providers_shared.so is missing: run \`bash ops/setup.sh --gpu\` again"

@@ -56,7 +56,8 @@ if ! podman image exists localhost/debian:bookworm; then
     rm -rf "$rootfs"
 fi
 
-[[ -x target/release/narrator ]] || cargo build --release --locked -p narrator
+# Always: a binary left by README command 1 is built without the distributed mode.
+cargo build --release --locked -p narrator
 [[ -f .deps/ok ]] || bash ops/setup.sh
 # The Dockerfile's target $1 as localhost/narrator:$1, from the prebuilt payload. Docker's
 # image format keeps HEALTHCHECK (podman's default, OCI, drops it).

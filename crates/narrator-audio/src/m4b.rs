@@ -211,6 +211,13 @@ impl AudioSink for M4bSink {
         Ok(())
     }
 
+    /// FFmpeg takes the chapters when the file is created.
+    fn set_chapters(&mut self, _: &[crate::ChapterMark]) -> Result<(), AudioError> {
+        Err(AudioError::invalid_spec(
+            "M4B chapters are fixed when the file is created; create it with the final chapters",
+        ))
+    }
+
     fn finish(mut self: Box<Self>) -> Result<EncodedInfo, AudioError> {
         if !self.pending.is_empty() {
             self.send_pending()?;

@@ -4,7 +4,8 @@
 //! one CHAP frame per chapter and a CTOC listing them) when tags or chapters are given, then LAME's Info frame, then the audio.
 //! LAME writes a placeholder for the Info frame at the start of the stream; `finish`
 //! seeks back and fills it in (length, encoder delay and padding for gapless players),
-//! and rewrites the ID3 tag in place with the last chapter's end time, now known.
+//! and rewrites the ID3 tag in place with the last chapter's end time, now known (and
+//! every chapter's start, when [`AudioSink::set_chapters`] moved them).
 //! Both rewrites keep the size, so nothing after them moves.
 
 use std::io::{Seek, SeekFrom, Write};
@@ -91,6 +92,12 @@ impl<W: Write + Seek> AudioSink for Mp3Sink<W> {
             self.write_buf()?;
         }
         self.samples_in += samples.len() as u64;
+        Ok(())
+    }
+
+    /// The ID3 tag is rewritten at `finish` anyway; its size depends only on the texts.
+    fn set_chapters(&mut self, chapters: &[crate::ChapterMark]) -> Result<(), AudioError> {
+        self.spec = crate::sink::with_chapter_starts(&self.spec, chapters)?;
         Ok(())
     }
 

@@ -5,12 +5,13 @@
 //! ARTIST, and chapters as `CHAPTERnnn=HH:MM:SS.mmm` / `CHAPTERnnnNAME=title`), then audio
 //! pages of ~1 s (50 packets) each. Granule positions count 48 kHz samples including the
 //! pre-skip; the final partial frame is padded with silence and the end trimmed through
-//! the last page's granule, which carries the end-of-stream flag.
+//! the last page's granule, which carries the end-of-stream flag. Chapters moved by
+//! [`AudioSink::set_chapters`] are written by rewriting the header pages in place.
 //!
 //! Memory: one resampler chunk, less than one frame of 48 kHz samples, one held-back
 //! packet (so the last one can be flagged end-of-stream) and one Ogg page.
 
-use std::io::{Seek, Write};
+use std::io::{Seek, SeekFrom, Write};
 
 use ogg::writing::{PacketWriteEndInfo, PacketWriter};
 
@@ -42,6 +43,12 @@ pub(crate) struct OggOpusSink<W: Write + Seek> {
     pre_skip: u16,
     sample_rate: u32,
     samples_in: u64,
+    /// What the header pages were made from, to make them again with moved chapters.
+    spec: EncoderSpec,
+    /// Bytes of the two header pages (OpusHead, OpusTags) at the start of the file.
+    header_len: u64,
+    /// [`AudioSink::set_chapters`] moved the chapters: rewrite the header at `finish`.
+    rewrite_header: bool,
 }
 
 impl<W: Write + Seek> OggOpusSink<W> {
@@ -78,12 +85,28 @@ impl<W: Write + Seek> OggOpusSink<W> {
             pre_skip,
             sample_rate: spec.sample_rate,
             samples_in: 0,
+            spec: spec.clone(),
+            header_len: 0,
+            rewrite_header: false,
         };
         let head = opus_head(pre_skip, spec.sample_rate);
         let tags = opus_tags(spec);
         sink.write_page_packet(head, PacketWriteEndInfo::EndPage, 0)?;
         sink.write_page_packet(tags, PacketWriteEndInfo::EndPage, 0)?;
+        sink.header_len = sink.ogg.inner().len();
         Ok(sink)
+    }
+
+    /// The header pages as `new` writes them (same serial, page numbers and CRCs), made
+    /// from `spec`.
+    fn header_pages(&self, spec: &EncoderSpec) -> Result<Vec<u8>, AudioError> {
+        let mut pages = PacketWriter::new(Vec::new());
+        for packet in [opus_head(self.pre_skip, self.sample_rate), opus_tags(spec)] {
+            pages
+                .write_packet(packet, self.serial, PacketWriteEndInfo::EndPage, 0)
+                .map_err(AudioError::io("writing Ogg pages"))?;
+        }
+        Ok(pages.into_inner())
     }
 
     fn write_page_packet(
@@ -136,6 +159,24 @@ impl<W: Write + Seek> AudioSink for OggOpusSink<W> {
         Ok(())
     }
 
+    /// Checked here, written by `finish`: the chapter comments' times have a fixed
+    /// width (under 100 hours), so the comment header keeps its size and no page moves.
+    fn set_chapters(&mut self, chapters: &[ChapterMark]) -> Result<(), AudioError> {
+        let moved = crate::sink::with_chapter_starts(&self.spec, chapters)?;
+        let pages = self.header_pages(&moved)?;
+        if pages.len() as u64 != self.header_len {
+            return Err(AudioError::invalid_spec(format!(
+                "the chapter comments with the final times take {} bytes instead of {} \
+                 (a chapter at 100 hours or later); create the file with the final chapters",
+                pages.len(),
+                self.header_len
+            )));
+        }
+        self.spec = moved;
+        self.rewrite_header = true;
+        Ok(())
+    }
+
     fn finish(mut self: Box<Self>) -> Result<EncodedInfo, AudioError> {
         self.resampler.finish(&mut self.pcm)?;
         let audio_48k = self.resampler.expected_len();
@@ -155,13 +196,26 @@ impl<W: Write + Seek> AudioSink for OggOpusSink<W> {
         // The last granule is below the frames' end: players trim the padding.
         self.write_page_packet(last, PacketWriteEndInfo::EndStream, end_granule)?;
 
+        let header = if self.rewrite_header {
+            Some(self.header_pages(&self.spec)?)
+        } else {
+            None
+        };
         let OggOpusSink {
             ogg,
             sample_rate,
             samples_in,
             ..
         } = *self;
-        let bytes = ogg.into_inner().finish()?;
+        let mut out = ogg.into_inner();
+        if let Some(header) = header {
+            let end = out.len();
+            out.seek(SeekFrom::Start(0))
+                .and_then(|_| out.write_all(&header))
+                .and_then(|_| out.seek(SeekFrom::Start(end)))
+                .map_err(AudioError::io("rewriting the Ogg Opus header"))?;
+        }
+        let bytes = out.finish()?;
         Ok(encoded_info(samples_in, sample_rate, bytes))
     }
 }

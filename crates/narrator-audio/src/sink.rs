@@ -161,8 +161,44 @@ pub trait AudioSink {
         Ok(())
     }
 
+    /// Moves the chapter marks given at creation to `chapters`: the same titles in the
+    /// same order, with the starts now known. For a book encoded while its parts were
+    /// still being synthesized: the header that lists the chapters (Opus comments, MP3
+    /// CHAP frames) is rewritten in place by [`AudioSink::finish`], which its fixed-width
+    /// times allow. An error leaves the sink as it was: encode the file again with the
+    /// final chapters in the spec (M4B always needs this; WAV has no chapters).
+    fn set_chapters(&mut self, chapters: &[ChapterMark]) -> Result<(), AudioError>;
+
     /// Flushes the codec and fixes up the headers. An empty stream gives a valid, empty file.
     fn finish(self: Box<Self>) -> Result<EncodedInfo, AudioError>;
+}
+
+/// `spec` with its chapters' starts moved to those of `chapters` (see
+/// [`AudioSink::set_chapters`]): the count and titles must be those of `spec`.
+pub(crate) fn with_chapter_starts(
+    spec: &EncoderSpec,
+    chapters: &[ChapterMark],
+) -> Result<EncoderSpec, AudioError> {
+    let same_titles = spec.chapters.len() == chapters.len()
+        && spec
+            .chapters
+            .iter()
+            .zip(chapters)
+            .all(|(a, b)| a.title == b.title);
+    if !same_titles {
+        return Err(AudioError::invalid_spec(format!(
+            "the final chapter marks ({}) are not the {} chapters the file was created with; \
+             give the same titles in the same order",
+            chapters.len(),
+            spec.chapters.len()
+        )));
+    }
+    let moved = EncoderSpec {
+        chapters: chapters.to_vec(),
+        ..spec.clone()
+    };
+    moved.validate()?;
+    Ok(moved)
 }
 
 /// Creates the streaming encoder for `spec.format`, writing to `out` (wrapped in a buffer).

@@ -70,6 +70,11 @@ impl<W: Write + Seek> AudioSink for WavSink<W> {
         Ok(())
     }
 
+    /// WAV has no chapter marks (the manifest lists them).
+    fn set_chapters(&mut self, _: &[crate::ChapterMark]) -> Result<(), AudioError> {
+        Ok(())
+    }
+
     fn finish(self: Box<Self>) -> Result<EncodedInfo, AudioError> {
         let WavSink {
             writer,

@@ -223,6 +223,89 @@ fn encode(spec: &EncoderSpec, chunks: &[&[i16]]) -> Result<(EncodedInfo, Vec<u8>
     Ok((info, file.bytes()))
 }
 
+/// `encode`, but the sink is created with every chapter starting at 0 and given `chapters`
+/// only after the audio, as a book encoded during its synthesis is.
+fn encode_then_set_chapters(
+    spec: &EncoderSpec,
+    chapters: &[ChapterMark],
+    chunks: &[&[i16]],
+) -> Result<Vec<u8>, AudioError> {
+    let unknown = EncoderSpec {
+        chapters: chapters
+            .iter()
+            .map(|c| ChapterMark {
+                start_seconds: 0.0,
+                ..c.clone()
+            })
+            .collect(),
+        ..spec.clone()
+    };
+    let file = SharedFile::default();
+    let mut sink = create_encoder(&unknown, file.clone())?;
+    for c in chunks {
+        sink.write(c)?;
+    }
+    sink.set_chapters(chapters)?;
+    sink.finish()?;
+    Ok(file.bytes())
+}
+
+/// Chapters set after the audio give the file made with them from the start: the same
+/// MP3 bytes; for Opus (whose stream serial is random) the same comments, packets and
+/// granules, read through the ogg crate's checksum-verifying reader. Marks that are not
+/// the ones the sink was created with are refused, and leave the sink usable.
+#[test]
+fn chapters_set_after_the_audio_give_the_file_made_with_them() -> TestResult {
+    let input = sine(440.0, 0.5, 3.0);
+    let chunks: Vec<&[i16]> = input.chunks(4096).collect();
+    for format in [AudioFormat::Opus, AudioFormat::Mp3, AudioFormat::Wav] {
+        let spec = EncoderSpec {
+            tags: narrator_audio::Tags {
+                title: Some("A Book".into()),
+                ..Default::default()
+            },
+            chapters: two_chapters(),
+            ..EncoderSpec::new(format, RATE)
+        };
+        let (_, direct) = encode(&spec, &chunks)?;
+        let late = encode_then_set_chapters(&spec, &two_chapters(), &chunks)?;
+        if format == AudioFormat::Opus {
+            let (a, b) = (parse_ogg_opus(direct)?, parse_ogg_opus(late)?);
+            assert!(
+                b.tags.iter().any(|t| t == "CHAPTER002=00:00:01.500"),
+                "{:?}",
+                b.tags
+            );
+            assert_eq!(a.tags, b.tags);
+            assert_eq!(a.audio, b.audio);
+            assert_eq!(a.granules, b.granules);
+            assert!(b.ended);
+        } else {
+            assert!(direct == late, "{format:?}: the files differ");
+        }
+    }
+    let spec = EncoderSpec {
+        chapters: two_chapters(),
+        ..EncoderSpec::new(AudioFormat::Opus, RATE)
+    };
+    let file = SharedFile::default();
+    let mut sink = create_encoder(&spec, file.clone())?;
+    sink.write(&input)?;
+    let mut renamed = two_chapters();
+    renamed[1].title = "Another title".into();
+    let refused = sink
+        .set_chapters(&renamed)
+        .err()
+        .ok_or("other titles accepted")?;
+    assert!(refused.to_string().contains("same titles"), "{refused}");
+    let unsorted = [two_chapters()[1].clone(), two_chapters()[0].clone()];
+    assert!(sink.set_chapters(&unsorted).is_err());
+    sink.finish()?;
+    let ogg = parse_ogg_opus(file.bytes())?;
+    assert!(ogg.tags.iter().any(|t| t == "CHAPTER002=00:00:01.500"));
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------
 // WAV
 

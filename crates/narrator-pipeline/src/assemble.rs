@@ -18,7 +18,7 @@ use narrator_core::{
     AudioStore, BookEntry, ChapterEntry, CoverEntry, JobPlan, Manifest, SegmentEntry, SegmentRecord,
 };
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use futures_util::FutureExt;
@@ -357,54 +357,86 @@ fn uploaded(
         .map_err(PipelineError::from)
 }
 
-/// Builds and publishes every output; returns the manifest (already published).
-/// `wall_before` is the synthesis wall time already spent on this job.
-pub async fn assemble<A: AudioStore + 'static>(
+/// Segment audio in index order, each with the sample count its record gives.
+trait InOrder {
+    /// Segment `index`'s audio (the segments are asked for in order) and its recorded length.
+    async fn next(&mut self, index: u32) -> Result<(SegmentAudio, u64), PipelineError>;
+}
+
+/// [`ReadAhead`] with the records it was made from.
+struct Recorded<'a, A> {
+    ahead: ReadAhead<A>,
+    records: &'a [SegmentRecord],
+}
+
+impl<A: AudioStore + 'static> InOrder for Recorded<'_, A> {
+    async fn next(&mut self, index: u32) -> Result<(SegmentAudio, u64), PipelineError> {
+        let audio = self.ahead.next().await?;
+        let expected = self.records.get(index as usize).map_or(0, |r| r.samples);
+        Ok((audio, expected))
+    }
+}
+
+/// The book's encoder settings; `starts`: each chapter's first sample in the book
+/// (`None`: not known yet, every chapter at 0 until [`AudioSink::set_chapters`]).
+fn book_spec(
     plan: &JobPlan,
-    records: &[SegmentRecord],
-    store: &Arc<A>,
     opts: &AssembleOptions,
-    wall_before: f64,
-) -> Result<Manifest, PipelineError> {
-    let started = Instant::now();
-    let rate = records.first().map_or(22050, |r| r.sample_rate);
-    let ext = opts.format.extension();
-    let lay = layout(
-        plan,
-        records,
-        &opts.pauses,
-        rate,
-        opts.format,
-        opts.chapter_files,
-    );
+    lay: &Layout,
+    rate: u32,
+    starts: bool,
+) -> EncoderSpec {
+    let mut spec = EncoderSpec::new(opts.format, rate);
+    spec.tags = book_tags(plan, &plan.title);
+    spec.chapters = chapter_marks(lay, rate, starts);
+    spec
+}
+
+/// The book file's chapter marks (at 0 when `starts` is false).
+fn chapter_marks(lay: &Layout, rate: u32, starts: bool) -> Vec<ChapterMark> {
+    lay.chapters
+        .iter()
+        .map(|c| ChapterMark {
+            title: c.title.clone(),
+            start_seconds: if starts {
+                c.book_start as f64 / f64::from(rate)
+            } else {
+                0.0
+            },
+        })
+        .collect()
+}
+
+/// Outputs encoded from every segment: the chapter files uploaded or uploading, the
+/// book's encoder still open (its chapters may still move).
+struct Encoded {
+    book: Box<dyn AudioSink + Send>,
+    book_path: PathBuf,
+    uploads: JoinSet<Result<(), SeamError>>,
+    read_wait: Duration,
+    upload_wait: Duration,
+}
+
+/// Streams every segment, in order, with the pauses between them, into the book's encoder
+/// and (with chapter files) its chapter's; each chapter file goes up while the next one
+/// is encoded. `lay` gives the file names (its positions are not used).
+async fn encode_outputs<A: AudioStore + 'static>(
+    plan: &JobPlan,
+    lay: &Layout,
+    book_spec: &EncoderSpec,
+    opts: &AssembleOptions,
+    store: &Arc<A>,
+    source: &mut impl InOrder,
+) -> Result<Encoded, PipelineError> {
+    let rate = book_spec.sample_rate;
     std::fs::create_dir_all(&opts.staging).map_err(|source| PipelineError::Io {
         path: opts.staging.clone(),
         source,
     })?;
-    let secs = |n: u64| n as f64 / f64::from(rate);
-
-    let mut book_spec = EncoderSpec::new(opts.format, rate);
-    book_spec.tags = book_tags(plan, &plan.title);
-    book_spec.chapters = lay
-        .chapters
-        .iter()
-        .map(|c| ChapterMark {
-            title: c.title.clone(),
-            start_seconds: secs(c.book_start),
-        })
-        .collect();
     let book_path = opts.staging.join(&lay.book_file);
-    let mut book = encoder(&book_path, &book_spec)?;
-    // Segments are read in order with a few fetches ahead: a networked store's latency
-    // overlaps the encoding instead of adding up (memory: about READ_AHEAD_BYTES of stored audio).
+    let mut book = encoder(&book_path, book_spec)?;
     let (mut read_wait, mut upload_wait) = (Duration::ZERO, Duration::ZERO);
     let mut uploads: JoinSet<Result<(), SeamError>> = JoinSet::new();
-    let mut audio_in_order = ReadAhead::new(
-        store.clone(),
-        plan.job_id.clone(),
-        records,
-        plan.segments.len(),
-    );
 
     for (ci, (ch, cl)) in plan.chapters.iter().zip(&lay.chapters).enumerate() {
         if ci > 0 {
@@ -427,9 +459,8 @@ pub async fn assemble<A: AudioStore + 'static>(
         async {
             for i in first..end {
                 let waited = Instant::now();
-                let audio = audio_in_order.next().await?;
+                let (audio, expected) = source.next(i).await?;
                 read_wait += waited.elapsed();
-                let expected = records.get(i as usize).map_or(0, |r| r.samples);
                 if audio.samples.len() as u64 != expected {
                     return Err(PipelineError::Corrupt {
                         index: i,
@@ -476,6 +507,80 @@ pub async fn assemble<A: AudioStore + 'static>(
             info_span!("upload", otel.name = %format!("PUT output {name}"), otel.kind = "client");
         uploads.spawn(async move { store.put_output(&job, &name, &path).await }.instrument(upload));
     }
+    Ok(Encoded {
+        book,
+        book_path,
+        uploads,
+        read_wait,
+        upload_wait,
+    })
+}
+
+/// Builds and publishes every output; returns the manifest (already published).
+/// `wall_before` is the synthesis wall time already spent on this job.
+pub async fn assemble<A: AudioStore + 'static>(
+    plan: &JobPlan,
+    records: &[SegmentRecord],
+    store: &Arc<A>,
+    opts: &AssembleOptions,
+    wall_before: f64,
+) -> Result<Manifest, PipelineError> {
+    let started = Instant::now();
+    let rate = records.first().map_or(22050, |r| r.sample_rate);
+    let lay = layout(
+        plan,
+        records,
+        &opts.pauses,
+        rate,
+        opts.format,
+        opts.chapter_files,
+    );
+    // Segments are read in order with a few fetches ahead: a networked store's latency
+    // overlaps the encoding instead of adding up (memory: about READ_AHEAD_BYTES of stored audio).
+    let mut source = Recorded {
+        ahead: ReadAhead::new(
+            store.clone(),
+            plan.job_id.clone(),
+            records,
+            plan.segments.len(),
+        ),
+        records,
+    };
+    let spec = book_spec(plan, opts, &lay, rate, true);
+    let encoded = encode_outputs(plan, &lay, &spec, opts, store, &mut source).await?;
+    publish(
+        plan,
+        records,
+        &lay,
+        encoded,
+        store,
+        opts,
+        (started, wall_before),
+    )
+    .await
+}
+
+/// Finishes the book file, uploads it after the chapter files, then writes and uploads
+/// the manifest. `(started, wall_before)`: when this assembly started, and the wall time
+/// spent on the job before it.
+async fn publish<A: AudioStore + 'static>(
+    plan: &JobPlan,
+    records: &[SegmentRecord],
+    lay: &Layout,
+    encoded: Encoded,
+    store: &Arc<A>,
+    opts: &AssembleOptions,
+    (started, wall_before): (Instant, f64),
+) -> Result<Manifest, PipelineError> {
+    let Encoded {
+        book,
+        book_path,
+        mut uploads,
+        read_wait,
+        mut upload_wait,
+    } = encoded;
+    let rate = records.first().map_or(22050, |r| r.sample_rate);
+    let secs = |n: u64| n as f64 / f64::from(rate);
     book.finish()?;
     let waiting = Instant::now();
     {
@@ -506,7 +611,7 @@ pub async fn assemble<A: AudioStore + 'static>(
         job_id: plan.job_id.clone(),
         narrator_version: env!("CARGO_PKG_VERSION").to_string(),
         source: plan.source.clone(),
-        format: ext.to_string(),
+        format: opts.format.extension().to_string(),
         book: BookEntry {
             title: plan.title.clone(),
             file: lay.book_file.clone(),
@@ -556,6 +661,188 @@ pub async fn assemble<A: AudioStore + 'static>(
         .put_output(&plan.job_id, "manifest.json", &path)
         .await?;
     Ok(manifest)
+}
+
+/// Whether a book in `format` can be encoded while its segments are synthesized
+/// ([`encode_as_stored`]): its chapter marks must be able to move at the end (M4B's are
+/// fixed when FFmpeg creates the file).
+pub fn encodes_early(format: AudioFormat) -> bool {
+    format != AudioFormat::M4b
+}
+
+/// A book whose audio was encoded while it was synthesized ([`encode_as_stored`]), to be
+/// finished by [`finish_early`].
+pub struct EarlyBook {
+    encoded: Encoded,
+    /// The records its audio was checked against, in index order.
+    records: Vec<SegmentRecord>,
+}
+
+/// Segments in index order, read as soon as synthesis reports them stored (in any order).
+struct AsStored<A> {
+    store: Arc<A>,
+    job: String,
+    stored: tokio::sync::mpsc::UnboundedReceiver<SegmentRecord>,
+    arrived: BTreeMap<u32, SegmentRecord>,
+    /// The newest pack read, kept for its next segments.
+    pack: Option<(String, Arc<Vec<u8>>)>,
+    taken: Vec<SegmentRecord>,
+}
+
+impl<A: AudioStore + 'static> AsStored<A> {
+    /// Waits until segment `index` is stored.
+    async fn record(&mut self, index: u32) -> Result<SegmentRecord, PipelineError> {
+        loop {
+            if let Some(r) = self.arrived.remove(&index) {
+                return Ok(r);
+            }
+            match self.stored.recv().await {
+                Some(r) if r.index >= index => {
+                    self.arrived.insert(r.index, r);
+                }
+                Some(_) => {}
+                None => {
+                    return Err(PipelineError::Internal(
+                        "synthesis ended before every segment was reported stored",
+                    ));
+                }
+            }
+        }
+    }
+}
+
+impl<A: AudioStore + 'static> InOrder for AsStored<A> {
+    async fn next(&mut self, index: u32) -> Result<(SegmentAudio, u64), PipelineError> {
+        let r = self.record(index).await?;
+        let audio = match &r.packed {
+            None => self.store.get_segment(&self.job, index).await?,
+            Some(at) => {
+                let pack = match &self.pack {
+                    Some((key, pack)) if *key == at.key => pack.clone(),
+                    _ => {
+                        let pack = Arc::new(self.store.get_pack(&self.job, &at.key).await?);
+                        self.pack = Some((at.key.clone(), pack.clone()));
+                        pack
+                    }
+                };
+                segment_in_pack(&pack, at, index)?
+            }
+        };
+        let expected = r.samples;
+        self.taken.push(r);
+        Ok((audio, expected))
+    }
+}
+
+/// Encodes the book (and its chapter files) while it is synthesized: `stored` delivers
+/// each segment's record once its audio is stored, in any order, and the segments are
+/// encoded in index order as they become available, on the cores inference leaves free;
+/// the encoding no longer waits for the last segment. The chapters' starts are not known
+/// yet: [`finish_early`] moves them when synthesis has ended. Ends with an error when
+/// `stored` closes before every segment came (e.g. segments done by an earlier run
+/// report nothing: use [`assemble`] then).
+pub async fn encode_as_stored<A: AudioStore + 'static>(
+    plan: &JobPlan,
+    stored: tokio::sync::mpsc::UnboundedReceiver<SegmentRecord>,
+    store: &Arc<A>,
+    opts: &AssembleOptions,
+) -> Result<EarlyBook, PipelineError> {
+    let mut source = AsStored {
+        store: store.clone(),
+        job: plan.job_id.clone(),
+        stored,
+        arrived: BTreeMap::new(),
+        pack: None,
+        taken: Vec::with_capacity(plan.segments.len()),
+    };
+    // The voice's rate, from the first segment.
+    let first = source.record(0).await?;
+    let rate = first.sample_rate;
+    source.arrived.insert(0, first);
+    let names = layout(
+        plan,
+        &[],
+        &opts.pauses,
+        rate,
+        opts.format,
+        opts.chapter_files,
+    );
+    let spec = book_spec(plan, opts, &names, rate, false);
+    let encoded = encode_outputs(plan, &names, &spec, opts, store, &mut source).await?;
+    Ok(EarlyBook {
+        encoded,
+        records: source.taken,
+    })
+}
+
+/// How [`finish_early`] finished a book.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finished {
+    /// The book encoded during synthesis, its chapter marks moved to their starts.
+    Early,
+    /// Assembled again from the stored segments, for this reason.
+    Again(String),
+}
+
+/// Finishes a book begun by [`encode_as_stored`] once synthesis has returned `records`:
+/// its chapter marks move to their starts, and the book file and the manifest are
+/// published as by [`assemble`]. A book that cannot take the marks (its header would
+/// change size, or it was read with other records) is assembled again from the stored
+/// segments instead.
+pub async fn finish_early<A: AudioStore + 'static>(
+    early: EarlyBook,
+    plan: &JobPlan,
+    records: &[SegmentRecord],
+    store: &Arc<A>,
+    opts: &AssembleOptions,
+    wall_before: f64,
+) -> Result<(Manifest, Finished), PipelineError> {
+    let started = Instant::now();
+    let EarlyBook {
+        mut encoded,
+        records: read_with,
+    } = early;
+    let rate = records.first().map_or(22050, |r| r.sample_rate);
+    let lay = layout(
+        plan,
+        records,
+        &opts.pauses,
+        rate,
+        opts.format,
+        opts.chapter_files,
+    );
+    let same_records = read_with.len() == records.len()
+        && read_with.iter().zip(records).all(|(a, b)| {
+            (a.index, a.samples, a.sample_rate) == (b.index, b.samples, b.sample_rate)
+        });
+    let moved = if same_records {
+        encoded
+            .book
+            .set_chapters(&chapter_marks(&lay, rate, true))
+            .map_err(|e| e.to_string())
+    } else {
+        Err("synthesis returned other records than the ones it reported".to_string())
+    };
+    match moved {
+        Ok(()) => {
+            let m = publish(
+                plan,
+                records,
+                &lay,
+                encoded,
+                store,
+                opts,
+                (started, wall_before),
+            );
+            Ok((m.await?, Finished::Early))
+        }
+        Err(reason) => {
+            tracing::warn!(job = %plan.job_id, %reason, "assembling the book again from the stored segments");
+            drop(encoded);
+            let m = assemble(plan, records, store, opts, wall_before).await?;
+            Ok((m, Finished::Again(reason)))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,9 @@ use std::path::PathBuf;
 
 use narrator_core::{Failure, RetryClass};
 
-pub use assemble::{AssembleOptions, assemble};
+pub use assemble::{
+    AssembleOptions, EarlyBook, Finished, assemble, encode_as_stored, encodes_early, finish_early,
+};
 pub use batcher::{Batcher, Budget};
 pub use bench::{BenchFigures, BenchOptions, ConcurrencyPoint, SweepPoint, bench};
 pub use calibrate::{CalibrateOptions, calibrate, warm_up};

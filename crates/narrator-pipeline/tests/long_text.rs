@@ -14,8 +14,9 @@ use narrator_engine::{
 };
 use narrator_phonemes::Phonemizer;
 use narrator_pipeline::{
-    AssembleOptions, AudioIdentity, Budget, Event, JournalStateStore, LocalAudioStore, RunOptions,
-    Stages, Synthesizer, assemble, plan_job, synthesize_job,
+    AssembleOptions, AudioIdentity, Budget, Event, Finished, JournalStateStore, LocalAudioStore,
+    RunOptions, Stages, Synthesizer, assemble, encode_as_stored, finish_early, plan_job,
+    synthesize_job,
 };
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
@@ -139,6 +140,103 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
 }
 
 /// Fails every batch holding an utterance of exactly `len` ids.
+/// A book encoded while it is synthesized (segments reported in the order they are
+/// stored, the chapters' starts unknown until the end) is the book assembled after it:
+/// the same MP3 bytes, chapter marks and chapter files included, and the same manifest but
+/// for the wall time. An encoder whose segments stop coming ends with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_book_encoded_during_its_synthesis_is_the_book_assembled_after_it() {
+    let mut doc = alice();
+    doc.chapters.truncate(3);
+    let id = AudioIdentity {
+        voice: "null",
+        voice_digest: "0",
+        scales: Scales::DETERMINISTIC,
+        speaker: 0,
+    };
+    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let pool = EnginePool::start_with(2, |_| {
+        Ok(Box::new(NullBackend::default()) as Box<dyn Backend>)
+    })
+    .expect("pool");
+    let dir = tempfile::tempdir().expect("tmp");
+    let (early_out, after_out) = (dir.path().join("early"), dir.path().join("after"));
+    let store = |out: &Path| {
+        Arc::new(LocalAudioStore::new(dir.path().join("seg"), out.to_path_buf()).expect("store"))
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let stages = Stages {
+        on_event: Arc::new(move |e: Event| {
+            if let Event::SegmentDone { record } = e {
+                let _ = tx.send(record);
+            }
+        }),
+        store: store(&early_out),
+        ..local_stages(pool, dir.path())
+    };
+    stages.synth.set_budget(Budget {
+        max_tokens: 8 * 400,
+        max_requests: 8,
+        max_wait: Duration::ZERO,
+    });
+    let aopts = |out: &Path| AssembleOptions {
+        format: AudioFormat::Mp3,
+        chapter_files: true,
+        pauses: Pauses::default(),
+        staging: out.join("staging"),
+    };
+    let early = {
+        let (plan, store, aopts) = (plan.clone(), stages.store.clone(), aopts(&early_out));
+        tokio::spawn(async move { encode_as_stored(&plan, rx, &store, &aopts).await })
+    };
+    let opts = RunOptions::embedded("test".into(), 3);
+    let records = synthesize_job(&plan, &stages, &opts)
+        .await
+        .expect("synthesize");
+    let book = early
+        .await
+        .expect("task")
+        .expect("encoded during synthesis");
+    let (m_early, how) = finish_early(
+        book,
+        &plan,
+        &records,
+        &stages.store,
+        &aopts(&early_out),
+        1.0,
+    )
+    .await
+    .expect("finish");
+    assert_eq!(how, Finished::Early);
+    let mut m_after = assemble(&plan, &records, &store(&after_out), &aopts(&after_out), 1.0)
+        .await
+        .expect("assemble");
+    assert!(
+        m_early
+            .chapters
+            .iter()
+            .skip(1)
+            .all(|c| c.start_seconds > 0.0)
+    );
+    (m_after.wall_seconds, m_after.rtf) = (m_early.wall_seconds, m_early.rtf);
+    assert_eq!(m_early, m_after);
+    let files = m_early
+        .chapters
+        .iter()
+        .filter_map(|c| c.file.clone())
+        .chain([m_early.book.file.clone()]);
+    for f in files {
+        let early = std::fs::read(early_out.join(&f)).expect("early file");
+        let after = std::fs::read(after_out.join(&f)).expect("file");
+        assert!(early.len() > 1000 && early == after, "{f} differs");
+    }
+
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    drop(tx);
+    let waiting = encode_as_stored(&plan, rx, &store(&early_out), &aopts(&early_out)).await;
+    assert!(waiting.is_err(), "no segment will come");
+}
+
 struct FailOn {
     len: usize,
     calls: Arc<AtomicUsize>,

@@ -11,8 +11,10 @@
 
 pub mod json;
 pub mod metrics;
+#[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod propagate;
+#[cfg(feature = "serve")]
 pub mod serve;
 
 use tracing_subscriber::Layer;
@@ -76,6 +78,11 @@ pub enum TelemetryError {
     /// The OTLP exporter could not be built (a malformed endpoint, say).
     #[error("cannot set up the OTLP trace exporter: {0} (check OTEL_EXPORTER_OTLP_ENDPOINT)")]
     Exporter(String),
+    /// Traces were asked for, but this build has no OTLP exporter.
+    #[error(
+        "this narrator was built without OTLP export (cargo feature `otlp`): rebuild with the default features, or leave --otlp and OTEL_TRACES_EXPORTER unset"
+    )]
+    NoExporter,
     /// The `/metrics` recorder could not be installed.
     #[error("cannot install the Prometheus recorder: {0}")]
     Metrics(String),
@@ -134,10 +141,7 @@ pub fn init(options: &Options) -> Result<Telemetry, TelemetryError> {
         LogFormat::Json => json::JsonLayer::stderr().with_filter(filter()).boxed(),
     };
     let provider = if options.traces {
-        Some(otlp::provider(
-            &options.service,
-            options.instance.as_deref(),
-        )?)
+        Some(exporter(options)?)
     } else {
         None
     };
@@ -151,11 +155,34 @@ pub fn init(options: &Options) -> Result<Telemetry, TelemetryError> {
             .with_tracer(p.tracer("narrator"))
             .with_tracked_inactivity(false)
             .with_threads(false)
-            .with_filter(otlp::span_filter())
+            .with_filter(span_filter())
     });
     let _ = tracing_subscriber::registry()
         .with(log_layer)
         .with(trace_layer)
         .try_init();
     Ok(Telemetry { provider })
+}
+
+#[cfg(feature = "otlp")]
+fn exporter(
+    options: &Options,
+) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, TelemetryError> {
+    otlp::provider(&options.service, options.instance.as_deref())
+}
+
+#[cfg(not(feature = "otlp"))]
+fn exporter(_: &Options) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, TelemetryError> {
+    Err(TelemetryError::NoExporter)
+}
+
+#[cfg(feature = "otlp")]
+fn span_filter() -> tracing_subscriber::filter::Targets {
+    otlp::span_filter()
+}
+
+/// Never used without an exporter (there is no provider), but the layer's type needs one.
+#[cfg(not(feature = "otlp"))]
+fn span_filter() -> tracing_subscriber::filter::Targets {
+    tracing_subscriber::filter::Targets::new()
 }

@@ -3,10 +3,13 @@
 //! pay nothing). Labels are bounded: voice, device, batch-size class, outcome, GPU index
 //! and name; never a job id.
 
+#[cfg(feature = "serve")]
 use std::sync::OnceLock;
 
+#[cfg(feature = "serve")]
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+#[cfg(feature = "serve")]
 use crate::TelemetryError;
 
 /// Segments stored, recorded and acknowledged, by `voice`.
@@ -87,17 +90,22 @@ pub const GPU_SM_CLOCK_MAX: &str = "narrator_gpu_sm_clock_max_mhz";
 /// 1 for each active clock throttle reason, by `gpu` and `reason`.
 pub const GPU_THROTTLE: &str = "narrator_gpu_throttle";
 
+#[cfg(feature = "serve")]
 const SECONDS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0, 900.0, 3600.0,
 ];
+#[cfg(feature = "serve")]
 const SIZES: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+#[cfg(feature = "serve")]
 const RATIOS: &[f64] = &[0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 
+#[cfg(feature = "serve")]
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the Prometheus recorder (once per process) and describes every metric;
 /// returns the handle that renders `/metrics`.
+#[cfg(feature = "serve")]
 pub fn install() -> Result<PrometheusHandle, TelemetryError> {
     if let Some(h) = HANDLE.get() {
         return Ok(h.clone());
@@ -112,6 +120,7 @@ pub fn install() -> Result<PrometheusHandle, TelemetryError> {
     Ok(HANDLE.get_or_init(|| handle).clone())
 }
 
+#[cfg(feature = "serve")]
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(SEGMENTS_DONE, "Segments stored, recorded and acknowledged");

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use narrator_db::{BenchRow, StoredBench};
 use narrator_hardware::HardwareProfile;
 use narrator_pipeline::{BenchFigures, BenchOptions};
 
 use crate::cli::BenchArgs;
+use crate::cluster::fleet;
 use crate::engine::{self, Planning};
 use crate::paths::Paths;
 
@@ -136,10 +136,19 @@ fn note(f: &BenchFigures, plan: &serde_json::Value) -> String {
     s
 }
 
+/// Where a bench result was measured (stored with it).
+#[cfg_attr(not(feature = "fleet"), allow(dead_code))] // nothing stores it then
+pub(crate) struct Measured<'a> {
+    pub(crate) host: &'a str,
+    pub(crate) hardware: String,
+    pub(crate) device: String,
+    pub(crate) voice: &'a str,
+}
+
 /// `narrator bench`.
 pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyhow::Result<()> {
     if args.fleet {
-        return fleet(&args).await;
+        return fleet::print_bench_table(args.database_url.as_deref(), args.json).await;
     }
     let plot = validate(&args)?;
     let paths = Paths::resolve(global)?;
@@ -150,7 +159,7 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
     };
     // Connect first: a wrong URL fails before minutes of measuring.
     let db = match (&args.database_url, args.no_store) {
-        (Some(url), false) => Some(database(url).await?),
+        (Some(url), false) => Some(fleet::bench_store(url).await?),
         _ => None,
     };
     let loaded = engine::load(&paths, &args.engine, voice, planning)?;
@@ -209,89 +218,16 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
         )?;
         eprintln!("plot written to {}", path.display());
     }
-    if let Some(pool) = db {
-        let row = BenchRow {
-            host: profile.host.clone(),
+    if let Some(db) = db {
+        let measured = Measured {
+            host: &profile.host,
             hardware,
             device: device.to_string(),
-            voice: args.engine.voice.clone(),
-            rtf_single: figures.rtf_single,
-            rtf_batched: figures.rtf_batched,
-            batched_at: u32::try_from(figures.batched_at).unwrap_or(u32::MAX),
-            max_stable_concurrency: u32::try_from(figures.max_stable_concurrency)
-                .unwrap_or(u32::MAX),
-            latency_target_seconds: figures.latency_target_seconds,
-            report,
+            voice: &args.engine.voice,
         };
-        let id = narrator_db::record_bench(&pool, &row)
-            .await
-            .context("storing the results (they are printed above)")?;
-        eprintln!("stored as bench result {id} (see `narrator bench --fleet`)");
+        fleet::record_bench(&db, measured, &figures, report).await?;
     }
     Ok(())
-}
-
-async fn database(url: &str) -> anyhow::Result<narrator_db::PgPool> {
-    let shown = crate::cluster::redact(url);
-    let pool = narrator_db::connect(url)
-        .await
-        .with_context(|| format!("database {shown}"))?;
-    if !narrator_db::bench_table_exists(&pool).await? {
-        bail!(
-            "database {shown} has no bench_results table: run `narrator migrate` first (or pass --no-store)"
-        );
-    }
-    Ok(pool)
-}
-
-/// `narrator bench --fleet`: the newest result per hardware and voice.
-async fn fleet(args: &BenchArgs) -> anyhow::Result<()> {
-    let Some(url) = &args.database_url else {
-        bail!(
-            "--fleet reads the results from Postgres: pass --database-url or set NARRATOR_DATABASE_URL"
-        );
-    };
-    let pool = database(url).await?;
-    let rows = narrator_db::fleet_bench(&pool).await?;
-    if args.json {
-        for r in &rows {
-            println!("{}", serde_json::to_string(r)?);
-        }
-        return Ok(());
-    }
-    print!("{}", render_fleet(&rows));
-    Ok(())
-}
-
-fn render_fleet(rows: &[StoredBench]) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    if rows.is_empty() {
-        s.push_str("no bench results stored yet: run `narrator bench` on each worker type with NARRATOR_DATABASE_URL set\n");
-        return s;
-    }
-    let _ = writeln!(
-        s,
-        "| hardware | voice | single RTF | batched RTF | max stable concurrency | measured |"
-    );
-    let _ = writeln!(s, "|---|---|---|---|---|---|");
-    for r in rows {
-        let b = &r.row;
-        let _ = writeln!(
-            s,
-            "| {} | {} | {:.3} | {:.3} (batch {}) | {} (p95 ≤ {} s) | {} on {} |",
-            b.hardware,
-            b.voice,
-            b.rtf_single,
-            b.rtf_batched,
-            b.batched_at,
-            b.max_stable_concurrency,
-            b.latency_target_seconds,
-            r.measured_at.format("%Y-%m-%d %H:%M"),
-            b.host
-        );
-    }
-    s
 }
 
 fn render(report: &serde_json::Value, f: &BenchFigures, profile: &HardwareProfile) -> String {

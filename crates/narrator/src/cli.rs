@@ -4,9 +4,18 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+/// `--version`, with the optional parts this build has (the scripts that need the
+/// distributed mode check for `fleet`).
+const VERSION: &str = match (cfg!(feature = "fleet"), cfg!(feature = "otlp")) {
+    (true, true) => concat!(env!("CARGO_PKG_VERSION"), " (fleet, otlp)"),
+    (true, false) => concat!(env!("CARGO_PKG_VERSION"), " (fleet)"),
+    (false, true) => concat!(env!("CARGO_PKG_VERSION"), " (embedded only, otlp)"),
+    (false, false) => concat!(env!("CARGO_PKG_VERSION"), " (embedded only)"),
+};
+
 /// narrator: long texts to speech, at scale.
 #[derive(Debug, Parser)]
-#[command(name = "narrator", version, about, long_about = None)]
+#[command(name = "narrator", version = VERSION, about, long_about = None)]
 pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) global: Global,

@@ -27,6 +27,7 @@ pub(crate) struct Loaded {
     /// The ONNX Runtime version, when the library's name tells it.
     pub(crate) runtime: Option<String>,
     /// The sessions' CPU arena policy: settle it once warmed up.
+    #[cfg_attr(not(feature = "fleet"), allow(dead_code))] // the worker settles it
     pub(crate) arena: Arc<ArenaPolicy>,
     /// Why `--device auto` runs on the CPU although a GPU or a CUDA build is here.
     pub(crate) device_fallback: Option<String>,
@@ -81,6 +82,7 @@ impl std::str::FromStr for Planning {
 
 /// The devices a worker drives for `--device SPEC`: a comma-separated list (`cpu`,
 /// `cuda:N`), or `auto`: every GPU in `gpus` when the runtime has CUDA, else the CPU.
+#[cfg_attr(not(feature = "fleet"), allow(dead_code))] // the worker's
 pub(crate) fn expand_devices(spec: &str, cuda: bool, gpus: &[u32]) -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -577,6 +579,7 @@ pub(crate) fn load_with(
 /// everything around inference runs for real, for control-plane benchmarks and tests.
 /// Its plan is fixed (`--max-batch`, default 32); `NARRATOR_TEST_GPU_MEMORY_TOKENS` puts it
 /// behind a claimed GPU's memory limit, with the null engine on CPU as the fallback.
+#[cfg_attr(not(feature = "fleet"), allow(dead_code))] // the worker's
 pub(crate) fn load_null(
     paths: &Paths,
     args: &EngineArgs,

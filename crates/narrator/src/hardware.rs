@@ -6,7 +6,7 @@ use narrator_hardware::{
     Calibration, Catalog, DeviceSpec, Plan, PlanLimits, RuntimeFacts, Severity, diagnose,
 };
 
-use crate::cluster::{self, fleet};
+use crate::cluster::fleet;
 
 use crate::cli::{DoctorArgs, PlanArgs};
 use crate::engine::{self, Planning};
@@ -172,7 +172,7 @@ pub(crate) async fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow:
                 .calibration
                 .context("no calibration was measured or cached; run without --calibrate cached")?;
             if let Some(db) = &db {
-                fleet::share(db, &c, &cluster::host_name()).await?;
+                fleet::share(db, &c, &crate::host_name()).await?;
             }
             if !args.json {
                 println!(

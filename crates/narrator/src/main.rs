@@ -2,6 +2,11 @@
 
 mod bench;
 mod cli;
+#[cfg(feature = "fleet")]
+mod cluster;
+/// The seams of the distributed mode that `plan` and `bench` reach, in a build without it.
+#[cfg(not(feature = "fleet"))]
+#[path = "cluster/lean.rs"]
 mod cluster;
 mod engine;
 mod gpu;
@@ -102,14 +107,31 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Run(a) => run::run(&paths()?, a).await,
         Command::Synth(a) => run::synth(&paths()?, a).await,
         Command::Voices(a) => voices(&paths()?, a),
+        #[cfg(feature = "fleet")]
         Command::Submit(a) => cluster::submit::submit(&paths()?, a).await,
+        #[cfg(feature = "fleet")]
         Command::Worker(a) => cluster::worker::worker(&paths()?, a).await,
+        #[cfg(feature = "fleet")]
         Command::Status(a) => cluster::admin::status(a).await,
+        #[cfg(feature = "fleet")]
         Command::Jobs(a) => cluster::admin::jobs(a).await,
+        #[cfg(feature = "fleet")]
         Command::Workers(a) => cluster::admin::workers(a).await,
+        #[cfg(feature = "fleet")]
         Command::Cancel(a) => cluster::admin::cancel(a).await,
+        #[cfg(feature = "fleet")]
         Command::Retry(a) => cluster::admin::retry(a).await,
+        #[cfg(feature = "fleet")]
         Command::Migrate(a) => cluster::admin::migrate(a).await,
+        #[cfg(not(feature = "fleet"))]
+        Command::Submit(_)
+        | Command::Worker(_)
+        | Command::Status(_)
+        | Command::Jobs(_)
+        | Command::Workers(_)
+        | Command::Cancel(_)
+        | Command::Retry(_)
+        | Command::Migrate(_) => Err(cluster::left_out("the distributed mode")),
         Command::Doctor(a) => hardware::doctor(&cli.global, a),
         Command::Plan(a) => hardware::plan(&cli.global, a).await,
         Command::Bench(a) => bench::bench(&cli.global, a).await,
@@ -222,6 +244,15 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(130)
         }
     }
+}
+
+/// This machine's name: the workers table, segment figures, shared calibrations.
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }
 
 /// The error and its causes on one line, without repeating a cause the message already shows.

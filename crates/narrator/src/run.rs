@@ -14,7 +14,7 @@ use narrator_audio::{AudioFormat, Pauses};
 use narrator_core::Manifest;
 use narrator_pipeline::{
     AssembleOptions, AudioIdentity, Event, JournalStateStore, LocalAudioStore, RunOptions, Stages,
-    assemble, plan_job, synthesize_job,
+    assemble, encode_as_stored, encodes_early, finish_early, plan_job, synthesize_job,
 };
 use narrator_text::{Document, InputFormat, Lexicon, LoadOptions};
 use serde::{Deserialize, Serialize};
@@ -195,6 +195,9 @@ async fn produce(
             .with_context(|| format!("removing stale {}", manifest_path.display()))?;
     }
     let mut wall_before = 0.0;
+    // A fresh job's book is encoded while it is synthesized (every segment reports itself
+    // stored); a resumed one's after, from what is stored.
+    let fresh = !matches!(&previous, Some(p) if p.job_id == plan.job_id);
     match previous {
         Some(p) if p.job_id == plan.job_id => wall_before = p.wall_seconds,
         Some(_) => {
@@ -233,6 +236,25 @@ async fn produce(
     let synth = Arc::new(loaded.synth);
     let progress = Arc::new(Progress::new(show_progress, started));
     progress.layout(&used_plan);
+    let aopts = AssembleOptions {
+        format,
+        chapter_files,
+        pauses: pauses(targs),
+        staging: work.join("staging"),
+    };
+    let (early_tx, early) = if fresh && encodes_early(format) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (plan, store, aopts) = (plan.clone(), store.clone(), aopts.clone());
+        let rt = tokio::runtime::Handle::current();
+        // A thread of its own: the encoders' work is synchronous.
+        let task = tokio::task::spawn_blocking(move || {
+            rt.block_on(encode_as_stored(&plan, rx, &store, &aopts))
+        });
+        (Arc::new(std::sync::Mutex::new(Some(tx))), Some(task))
+    } else {
+        (Arc::new(std::sync::Mutex::new(None)), None)
+    };
+    let stored_to = early_tx.clone();
     let p = progress.clone();
     let saved_at = Arc::new(AtomicU64::new(0));
     let work_for_events = work.clone();
@@ -255,6 +277,12 @@ async fn produce(
                 }
             }
         }
+        if let Event::SegmentDone { record } = &e
+            && let Ok(tx) = stored_to.lock()
+            && let Some(tx) = tx.as_ref()
+        {
+            let _ = tx.send(record.clone());
+        }
         p.event(&e);
     });
     let opts = RunOptions::embedded(worker_name(), loaded.in_flight);
@@ -264,19 +292,42 @@ async fn produce(
         state,
         on_event,
     };
-    let records = synthesize_job(&plan, &stages, &opts).await?;
+    let synthesized = synthesize_job(&plan, &stages, &opts).await;
+    // No more segments will come: an early encoder still waiting for one gives up.
+    if let Ok(mut tx) = early_tx.lock() {
+        tx.take();
+    }
+    let records = synthesized?;
     let resumed = progress.resumed();
     progress.assembling();
+    let early = match early {
+        Some(task) => match task.await {
+            Ok(Ok(book)) => Some(book),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "encoding during synthesis failed; assembling from the stored segments");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the encoder during synthesis stopped; assembling from the stored segments");
+                None
+            }
+        },
+        None => None,
+    };
     let wall = wall_before + started.elapsed().as_secs_f64();
     save_state(wall)?;
-    let aopts = AssembleOptions {
-        format,
-        chapter_files,
-        pauses: pauses(targs),
-        staging: work.join("staging"),
-    };
     let manifest = tokio::task::block_in_place(|| {
-        tokio::runtime::Handle::current().block_on(assemble(&plan, &records, &store, &aopts, wall))
+        tokio::runtime::Handle::current().block_on(async {
+            match early {
+                Some(book) => {
+                    let (m, how) =
+                        finish_early(book, &plan, &records, &store, &aopts, wall).await?;
+                    tracing::debug!(?how, "book encoded during synthesis");
+                    Ok(m)
+                }
+                None => assemble(&plan, &records, &store, &aopts, wall).await,
+            }
+        })
     })?;
     progress.finish();
     if !keep_work {

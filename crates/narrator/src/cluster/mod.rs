@@ -58,15 +58,6 @@ pub(crate) fn redact(url: &str) -> String {
 /// How long presigned URLs printed by `status` stay valid.
 pub(crate) const PRESIGN_FOR: Duration = Duration::from_secs(24 * 3600);
 
-/// This process's name in the workers table and in segment figures.
-pub(crate) fn host_name() -> String {
-    std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 /// Parses a job id argument with one clear error.
 pub(crate) fn job_id(text: &str) -> anyhow::Result<narrator_db::Uuid> {
     narrator_db::Uuid::parse_str(text.trim()).map_err(|_| {

@@ -63,7 +63,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
     let worker_id = args
         .id
         .clone()
-        .unwrap_or_else(|| format!("{}:{}", cluster::host_name(), std::process::id()));
+        .unwrap_or_else(|| format!("{}:{}", crate::host_name(), std::process::id()));
     let null_engine = match args.engine.as_str() {
         "onnx" => false,
         "null" => true,
@@ -223,7 +223,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
     tracing::info!(hardware = %profile.summary(), "hardware profile");
     let config = WorkerConfig {
         id: worker_id.clone(),
-        host: cluster::host_name(),
+        host: crate::host_name(),
         engine: args.engine.clone(),
         voices: loaded_engines,
         pool,
