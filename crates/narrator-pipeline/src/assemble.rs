@@ -357,6 +357,24 @@ fn uploaded(
         .map_err(PipelineError::from)
 }
 
+/// The voice's rate (from the records) and the layout of every output.
+fn final_layout(
+    plan: &JobPlan,
+    records: &[SegmentRecord],
+    opts: &AssembleOptions,
+) -> (u32, Layout) {
+    let rate = records.first().map_or(22050, |r| r.sample_rate);
+    let lay = layout(
+        plan,
+        records,
+        &opts.pauses,
+        rate,
+        opts.format,
+        opts.chapter_files,
+    );
+    (rate, lay)
+}
+
 /// Segment audio in index order, each with the sample count its record gives.
 trait InOrder {
     /// Segment `index`'s audio (the segments are asked for in order) and its recorded length.
@@ -526,15 +544,7 @@ pub async fn assemble<A: AudioStore + 'static>(
     wall_before: f64,
 ) -> Result<Manifest, PipelineError> {
     let started = Instant::now();
-    let rate = records.first().map_or(22050, |r| r.sample_rate);
-    let lay = layout(
-        plan,
-        records,
-        &opts.pauses,
-        rate,
-        opts.format,
-        opts.chapter_files,
-    );
+    let (rate, lay) = final_layout(plan, records, opts);
     // Segments are read in order with a few fetches ahead: a networked store's latency
     // overlaps the encoding instead of adding up (memory: about READ_AHEAD_BYTES of stored audio).
     let mut source = Recorded {
@@ -802,15 +812,7 @@ pub async fn finish_early<A: AudioStore + 'static>(
         mut encoded,
         records: read_with,
     } = early;
-    let rate = records.first().map_or(22050, |r| r.sample_rate);
-    let lay = layout(
-        plan,
-        records,
-        &opts.pauses,
-        rate,
-        opts.format,
-        opts.chapter_files,
-    );
+    let (rate, lay) = final_layout(plan, records, opts);
     let same_records = read_with.len() == records.len()
         && read_with.iter().zip(records).all(|(a, b)| {
             (a.index, a.samples, a.sample_rate) == (b.index, b.samples, b.sample_rate)
