@@ -19,7 +19,9 @@ pub mod profile;
 
 pub use catalog::Catalog;
 pub use doctor::{Finding, RuntimeFacts, Severity, diagnose};
-pub use plan::{Calibration, CalibrationPoint, DeviceSpec, LayoutPoint, Plan, PlanLimits, plan};
+pub use plan::{
+    Calibration, CalibrationPoint, DeviceSpec, LayoutPoint, Plan, PlanLimits, choose_layout, plan,
+};
 pub use profile::{
     CpuInfo, GpuInfo, HardwareProfile, MemoryInfo, THROTTLE_REASONS, gpus_now, probe, sample_gpus,
 };

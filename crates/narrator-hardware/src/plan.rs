@@ -133,6 +133,75 @@ pub struct LayoutPoint {
     pub intra_threads: usize,
     /// Audio seconds per wall second (median of alternated rounds).
     pub throughput: f64,
+    /// Resident memory the layout takes at its peak, in bytes: its sessions (weights,
+    /// prepacked copies) and the working memory of one sentence-sized run on each, all at
+    /// once. `None` where it could not be read (calibrations cached before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+}
+
+impl LayoutPoint {
+    /// Throughput per GiB of [`Self::memory_bytes`].
+    pub fn throughput_per_gib(&self) -> Option<f64> {
+        self.memory_bytes
+            .filter(|&b| b > 0)
+            .map(|b| self.throughput / (b as f64 / f64::from(1u32 << 30)))
+    }
+}
+
+/// Which of two measured CPU layouts runs, and why. `default` is what an uncalibrated run
+/// uses (one single-threaded session per core); `other` replaces it only if it wins by
+/// `gain`, so a calibration confirms the uncalibrated choice unless the measurement says
+/// otherwise. What is compared: throughput, or, when memory is tight (the default layout's
+/// peak takes more than half of `available_bytes`, the share an uncalibrated run allows
+/// its sessions), throughput per GiB.
+pub fn choose_layout<'a>(
+    default: &'a LayoutPoint,
+    other: &'a LayoutPoint,
+    available_bytes: u64,
+    gain: f64,
+) -> (&'a LayoutPoint, String) {
+    let name = |l: &LayoutPoint| format!("{}x{}", l.sessions, l.intra_threads);
+    let tight = default
+        .memory_bytes
+        .is_some_and(|b| b > available_bytes / 2);
+    let per_gib = (default.throughput_per_gib(), other.throughput_per_gib());
+    if let (true, (Some(d), Some(o))) = (tight, per_gib) {
+        let mib = |l: &LayoutPoint| l.memory_bytes.unwrap_or(0) >> 20;
+        let why = format!(
+            "memory is tight ({} MiB available; {} peaks at {} MiB, {} at {} MiB): {:.1} vs {:.1}x realtime per GiB",
+            available_bytes >> 20,
+            name(default),
+            mib(default),
+            name(other),
+            mib(other),
+            d,
+            o
+        );
+        return if o >= d * (1.0 + gain) {
+            (
+                other,
+                format!("{} by throughput per GiB; {why}", name(other)),
+            )
+        } else {
+            (
+                default,
+                format!("{} by throughput per GiB; {why}", name(default)),
+            )
+        };
+    }
+    let why = format!(
+        "{} {:.1}x vs {} {:.1}x realtime",
+        name(default),
+        default.throughput,
+        name(other),
+        other.throughput
+    );
+    if other.throughput >= default.throughput * (1.0 + gain) {
+        (other, format!("{} by throughput: {why}", name(other)))
+    } else {
+        (default, format!("{} by throughput: {why}", name(default)))
+    }
 }
 
 /// What calibrating one voice on one device measured.
@@ -625,6 +694,54 @@ mod tests {
         assert_eq!((p.sessions, p.intra_threads), (4, 4));
         assert_eq!(p.prefetch, 2 * 4 * 4 + 4);
         assert!(p.max_wait_ms > 0);
+    }
+
+    fn layout(sessions: usize, intra: usize, throughput: f64, mib: Option<u64>) -> LayoutPoint {
+        LayoutPoint {
+            sessions,
+            intra_threads: intra,
+            throughput,
+            memory_bytes: mib.map(|m| m * MIB),
+        }
+    }
+
+    #[test]
+    fn layouts_are_chosen_by_throughput_unless_memory_is_tight() {
+        // 2×1 is 20 % faster but holds twice the memory (this VM's shape).
+        let default = layout(2, 1, 12.0, Some(600));
+        let other = layout(1, 2, 10.0, Some(320));
+        let gain = PlanLimits::default().knee_gain;
+        // Plenty of memory: throughput decides, and the default stays.
+        let (l, why) = choose_layout(&default, &other, 16 << 30, gain);
+        assert_eq!(l, &default, "{why}");
+        assert!(why.contains("by throughput"), "{why}");
+        // Under 1.2 GiB available, 600 MiB is more than half: per GiB, 1×2 gives
+        // 10/0.3125 = 32x against 12/0.586 = 20.5x, and wins.
+        let (l, why) = choose_layout(&default, &other, 1000 * MIB, gain);
+        assert_eq!(l, &other, "{why}");
+        assert!(
+            why.contains("per GiB") && why.contains("1000 MiB available"),
+            "{why}"
+        );
+        // Tight, but the other layout is no leaner per GiB by the gain: the default stays.
+        let lean_default = layout(2, 1, 12.0, Some(600));
+        let heavy_other = layout(1, 2, 10.0, Some(520));
+        let (l, why) = choose_layout(&lean_default, &heavy_other, 1000 * MIB, gain);
+        assert_eq!(l, &lean_default, "{why}");
+        // Without memory figures (an old cached calibration), throughput decides.
+        let (old_default, old_other) = (layout(2, 1, 10.0, None), layout(1, 2, 11.0, None));
+        let (l, _) = choose_layout(&old_default, &old_other, 1000 * MIB, gain);
+        assert_eq!(l, &old_other);
+    }
+
+    #[test]
+    fn layout_points_without_memory_read_back_from_older_caches() {
+        let old = r#"{"sessions":2,"intra_threads":1,"throughput":11.5}"#;
+        let l: LayoutPoint = serde_json::from_str(old).expect("an old layout point");
+        assert_eq!(l.memory_bytes, None);
+        assert_eq!(l.throughput_per_gib(), None);
+        let new = serde_json::to_string(&layout(2, 1, 11.5, Some(512))).expect("json");
+        assert!(new.contains(r#""memory_bytes":536870912"#), "{new}");
     }
 
     #[test]

@@ -214,17 +214,49 @@ fn warm_up_budget(synth: &Synthesizer, item_tokens: usize) -> Result<f64, Pipeli
     ))
 }
 
+/// What [`compare_layouts`] measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayoutComparison {
+    /// × realtime of the synthesizer's pool (median of the rounds).
+    pub one_x: f64,
+    /// × realtime of `many` (median of the rounds).
+    pub many_x: f64,
+    /// The slowest round of `many`.
+    pub many_worst: f64,
+    /// Resident memory the first run of the synthesizer's pool added at its peak (arena
+    /// growth and working buffers, not its weights), in bytes; `None` where the peak
+    /// cannot be read or reset.
+    pub one_work_bytes: Option<u64>,
+    /// The same for `many`, every session running at once.
+    pub many_work_bytes: Option<u64>,
+}
+
+/// Runs `f` once and returns the resident memory it added at its peak.
+fn peak_added<T>(
+    f: impl FnOnce() -> Result<T, PipelineError>,
+) -> Result<Option<u64>, PipelineError> {
+    use narrator_hardware::memory;
+    let before = memory::process_rss();
+    let reset = memory::reset_peak_rss();
+    f()?;
+    let peak = memory::process_peak_rss();
+    Ok(match (reset, before, peak) {
+        (true, Some(b), Some(p)) => Some(p.saturating_sub(b)),
+        _ => None,
+    })
+}
+
 /// Thread layouts on CPU: the synthesizer's pool (one session using every core) against
 /// `many` (one single-threaded session per core), each running batch-1 items with every
-/// session busy, alternated for `rounds` rounds. Returns × realtime: the median of the
-/// current layout, the median of `many`, and the slowest round of `many` (switch only if
-/// even that one wins: see [`narrator_hardware::CalibrationPoint::beats`]).
+/// session busy, alternated for `rounds` rounds, after a first run of each whose memory
+/// is measured. Switch only if even the slowest round of `many` wins: see
+/// [`narrator_hardware::CalibrationPoint::beats`].
 pub fn compare_layouts(
     synth: &Synthesizer,
     many: &narrator_engine::EnginePool,
     item_tokens: usize,
     rounds: usize,
-) -> Result<(f64, f64, f64), PipelineError> {
+) -> Result<LayoutComparison, PipelineError> {
     let item = calibration_items(synth, item_tokens)?;
     let scales = synth.scales();
     let one = synth.pool();
@@ -252,9 +284,9 @@ pub fn compare_layouts(
         }
         Ok(samples as f64)
     };
-    // Warm-up: first runs allocate.
-    sequential()?;
-    concurrent()?;
+    // Warm-up: first runs allocate (arenas grow), which is the memory measured.
+    let one_work_bytes = peak_added(&sequential)?;
+    let many_work_bytes = peak_added(&concurrent)?;
     let rate = f64::from(synth.sample_rate());
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
@@ -269,6 +301,12 @@ pub fn compare_layouts(
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let worst = b.iter().copied().fold(f64::INFINITY, f64::min);
-    Ok((median(a), median(b), worst))
+    let many_worst = b.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok(LayoutComparison {
+        one_x: median(a),
+        many_x: median(b),
+        many_worst,
+        one_work_bytes,
+        many_work_bytes,
+    })
 }

@@ -48,8 +48,13 @@ fn alice() -> narrator_text::Document {
 
 /// The plan of Alice's first chapter for the null voice.
 fn chapter_one() -> narrator_core::JobPlan {
+    first_chapters(1)
+}
+
+/// The plan of Alice's first `n` chapters (all of them for 12), null voice.
+fn first_chapters(n: usize) -> narrator_core::JobPlan {
     let mut doc = alice();
-    doc.chapters.truncate(1);
+    doc.chapters.truncate(n);
     let id = AudioIdentity {
         voice: "null",
         voice_digest: "0",
@@ -71,14 +76,7 @@ fn local_stages(pool: EnginePool, dir: &Path) -> Stages<LocalAudioStore, Journal
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
-    let doc = alice();
-    let id = AudioIdentity {
-        voice: "null",
-        voice_digest: "0",
-        scales: Scales::DETERMINISTIC,
-        speaker: 0,
-    };
-    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let plan = first_chapters(12);
     assert_eq!(plan.chapters.len(), 12);
     assert!(
         plan.segments.len() > 1000,
@@ -146,15 +144,7 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
 /// for the wall time. An encoder whose segments stop coming ends with an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_book_encoded_during_its_synthesis_is_the_book_assembled_after_it() {
-    let mut doc = alice();
-    doc.chapters.truncate(3);
-    let id = AudioIdentity {
-        voice: "null",
-        voice_digest: "0",
-        scales: Scales::DETERMINISTIC,
-        speaker: 0,
-    };
-    let plan = plan_job(&doc, "alice29.txt", "alice", &id);
+    let plan = first_chapters(3);
     let pool = EnginePool::start_with(2, |_| {
         Ok(Box::new(NullBackend::default()) as Box<dyn Backend>)
     })

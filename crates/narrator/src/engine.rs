@@ -192,6 +192,11 @@ fn default_cpu_sessions(cores: usize, available_bytes: u64) -> usize {
     by_memory.clamp(1, cores.max(1))
 }
 
+/// Resident memory added since `before` (a [`narrator_hardware::memory::process_rss`]).
+fn rss_added_since(before: Option<u64>) -> Option<u64> {
+    Some(narrator_hardware::memory::process_rss()?.saturating_sub(before?))
+}
+
 /// Where a calibration of this voice, device model, runtime and thread layout is cached.
 pub(crate) fn calibration_path(
     paths: &Paths,
@@ -306,6 +311,9 @@ pub(crate) fn load_with(
         cpu_arena: arena.clone(),
         pad_multiple: args.pad_to.unwrap_or(if on_gpu { 16 } else { 1 }).max(1),
     };
+    // What loading the sessions adds to resident memory (weights, prepacked copies): the
+    // calibration weighs each thread layout's memory with it.
+    let rss_before_pool = narrator_hardware::memory::process_rss();
     let pool = match test_memory_limit() {
         None => EnginePool::start(
             rt,
@@ -332,6 +340,7 @@ pub(crate) fn load_with(
         }
     }
     .with_context(|| format!("loading voice {}", voice.name))?;
+    let pool_load_bytes = rss_added_since(rss_before_pool);
     let scales = scales(args, &voice);
     let phonemizer = Phonemizer::new(&paths.espeak_parent)?;
     let name = voice.name.clone();
@@ -399,9 +408,12 @@ pub(crate) fn load_with(
                 // The default (one single-threaded session per core) against one session
                 // on every core: the default stays unless the other is faster by the knee
                 // gain, so a calibration confirms what an uncalibrated run already does.
+                // When memory is tight, throughput per GiB decides (choose_layout).
                 let default_pool = synth.pool();
+                let rss_before_one = narrator_hardware::memory::process_rss();
                 synth.set_pool(cpu_pool(1, cores)?);
-                let (one_x, many_x, many_worst) = tokio::task::block_in_place(|| {
+                let one_load_bytes = rss_added_since(rss_before_one);
+                let m = tokio::task::block_in_place(|| {
                     narrator_pipeline::calibrate::compare_layouts(
                         &synth,
                         &default_pool,
@@ -410,18 +422,40 @@ pub(crate) fn load_with(
                     )
                 })
                 .with_context(|| format!("comparing thread layouts for voice {name}"))?;
-                layouts.push(narrator_hardware::LayoutPoint {
+                let sum = |a: Option<u64>, b: Option<u64>| Some(a? + b?);
+                let one = narrator_hardware::LayoutPoint {
                     sessions: 1,
                     intra_threads: cores,
-                    throughput: one_x,
-                });
-                layouts.push(narrator_hardware::LayoutPoint {
+                    throughput: m.one_x,
+                    memory_bytes: sum(one_load_bytes, m.one_work_bytes),
+                };
+                let many = narrator_hardware::LayoutPoint {
                     sessions,
                     intra_threads: intra,
-                    throughput: many_x,
-                });
-                tracing::info!(one_x, many_x, many_worst, cores, "thread layouts measured");
-                if one_x >= many_x * (1.0 + limits.knee_gain) {
+                    throughput: m.many_x,
+                    memory_bytes: sum(pool_load_bytes, m.many_work_bytes),
+                };
+                let available = match &spec {
+                    DeviceSpec::Cpu {
+                        available_bytes, ..
+                    } => *available_bytes,
+                    DeviceSpec::Gpu { .. } => u64::MAX,
+                };
+                let (chosen, why) =
+                    narrator_hardware::choose_layout(&many, &one, available, limits.knee_gain);
+                let switch = chosen == &one;
+                tracing::info!(
+                    one_x = m.one_x,
+                    many_x = m.many_x,
+                    many_worst = m.many_worst,
+                    one_bytes = one.memory_bytes,
+                    many_bytes = many.memory_bytes,
+                    cores,
+                    "thread layouts measured: {why}"
+                );
+                layouts.push(one);
+                layouts.push(many);
+                if switch {
                     (sessions, intra) = (1, cores);
                 } else {
                     synth.set_pool(match Arc::try_unwrap(default_pool) {

@@ -183,8 +183,12 @@ pub(crate) async fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow:
                     c.fixed_bytes as f64 / 1048576.0
                 );
                 for l in &c.layouts {
+                    let memory = l
+                        .memory_bytes
+                        .map(|b| format!(", {:.0} MiB at its peak", b as f64 / 1048576.0))
+                        .unwrap_or_default();
                     println!(
-                        "    layout {} session(s) × {} thread(s): {:.1}x realtime (batch 1, all sessions busy)",
+                        "    layout {} session(s) × {} thread(s): {:.1}x realtime (batch 1, all sessions busy){memory}",
                         l.sessions, l.intra_threads, l.throughput
                     );
                 }

@@ -246,10 +246,17 @@ async fn produce(
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let (plan, store, aopts) = (plan.clone(), store.clone(), aopts.clone());
         let rt = tokio::runtime::Handle::current();
-        // A thread of its own: the encoders' work is synchronous.
-        let task = tokio::task::spawn_blocking(move || {
-            rt.block_on(encode_as_stored(&plan, rx, &store, &aopts))
-        });
+        // A thread of its own (the encoders' work is synchronous) at a lower priority: where
+        // inference keeps every core busy it takes the cycles the sessions leave (waits
+        // between runs, the last segments running alone), and what it has not encoded when
+        // synthesis ends it encodes then, on the freed cores.
+        let task = std::thread::Builder::new()
+            .name("early-encoder".into())
+            .spawn(move || {
+                lower_this_threads_priority();
+                rt.block_on(encode_as_stored(&plan, rx, &store, &aopts))
+            })
+            .context("starting the encoder thread")?;
         (Arc::new(std::sync::Mutex::new(Some(tx))), Some(task))
     } else {
         (Arc::new(std::sync::Mutex::new(None)), None)
@@ -301,14 +308,24 @@ async fn produce(
     let resumed = progress.resumed();
     progress.assembling();
     let early = match early {
-        Some(task) => match task.await {
+        Some(task) => match tokio::task::block_in_place(|| {
+            let synthesized_at = Instant::now();
+            let joined = task.join();
+            tracing::debug!(
+                tail_s = synthesized_at.elapsed().as_secs_f64(),
+                "the encoder caught up with synthesis"
+            );
+            joined
+        }) {
             Ok(Ok(book)) => Some(book),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "encoding during synthesis failed; assembling from the stored segments");
                 None
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "the encoder during synthesis stopped; assembling from the stored segments");
+            Err(_) => {
+                tracing::warn!(
+                    "the encoder during synthesis panicked; assembling from the stored segments"
+                );
                 None
             }
         },
@@ -338,6 +355,23 @@ async fn produce(
         resumed,
         plan: Some(used_plan),
     })
+}
+
+/// Nice 10 for the calling thread only (Linux: a thread's id is a process id to
+/// `setpriority`); a failure only costs speed, so it is logged, not returned.
+#[allow(unsafe_code)]
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no preconditions; setpriority only reads its arguments.
+        let rc = unsafe {
+            let tid = libc::gettid();
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10)
+        };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), "could not lower the encoder thread's priority");
+        }
+    }
 }
 
 pub(crate) fn worker_name() -> String {

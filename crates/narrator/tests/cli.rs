@@ -863,10 +863,23 @@ fn run_uses_the_same_layout_before_and_after_a_calibration() {
         .output()
         .expect("spawn narrator plan");
     assert!(calibrated.status.success());
-    assert_eq!(
-        plan_lines(&calibrated)[0]["calibration"]["source"],
-        "measured"
-    );
+    let calibration = plan_lines(&calibrated)[0]["calibration"].clone();
+    assert_eq!(calibration["source"], "measured");
+    if before["sessions"].as_u64().is_some_and(|s| s >= 2) {
+        // Both thread layouts were measured, each with the memory it takes (the voice's
+        // weights alone are ~60 MiB per session).
+        let layouts = calibration["layouts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(layouts.len(), 2, "{calibration}");
+        for l in &layouts {
+            assert!(
+                l["memory_bytes"].as_u64().is_some_and(|b| b > 32 << 20),
+                "{calibration}"
+            );
+        }
+    }
     let after = run_layout(data.path(), &out.path().join("after"));
     assert_eq!(after["source"], "calibration", "{after}");
     for k in ["device", "sessions", "intra_threads", "max_batch_requests"] {
