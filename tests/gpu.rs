@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use narrator_test_support::{World, narrator_bin, root};
+use narrator_test_support::{World, narrator_bin, root, test_cache_dir};
 
 /// The CUDA build `ops/setup.sh --gpu` installs (never skipped: `ops/test.sh` installs it).
 fn gpu_build() -> PathBuf {
@@ -25,6 +25,7 @@ fn narrator_auto() -> Command {
     gpu_build();
     let mut c = Command::new(narrator_bin());
     c.env("NARRATOR_DATA_DIR", root().join(".deps"))
+        .env("NARRATOR_CACHE_DIR", test_cache_dir())
         .env("NARRATOR_ORT_BUILD", "auto")
         .env_remove("LD_LIBRARY_PATH")
         .env_remove("NARRATOR_CUDA_LIBS")
@@ -283,7 +284,7 @@ fn calibrations_by_gpu_model_are_shared_through_the_database() {
         "{p}"
     );
     // The test's calibration files in the shared cache.
-    for e in std::fs::read_dir(root().join(".deps/cache/calibration"))
+    for e in std::fs::read_dir(test_cache_dir().join("calibration"))
         .into_iter()
         .flatten()
         .flatten()

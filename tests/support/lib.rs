@@ -60,6 +60,18 @@ pub fn narrator_bin() -> PathBuf {
     bin
 }
 
+/// The calibration cache the tests' `narrator` processes share (`NARRATOR_CACHE_DIR`):
+/// `target/<profile>/narrator-test-cache`, beside the test executables, so the suite
+/// never leaves calibrations in `.deps/cache`, where a user's `narrator run` would then
+/// read them (a few seconds' measurement instead of a real one, or of the default).
+pub fn test_cache_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .join("narrator-test-cache")
+}
+
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
@@ -264,6 +276,7 @@ impl World {
         // The CPU build (tests/gpu.rs sets NARRATOR_ORT_BUILD=auto for the CUDA build's
         // fallback on this GPU-less machine).
         c.env("NARRATOR_DATA_DIR", root().join(".deps"))
+            .env("NARRATOR_CACHE_DIR", test_cache_dir())
             .env("NARRATOR_ORT_BUILD", "cpu")
             .env("NARRATOR_DATABASE_URL", &self.db_url)
             .env("NARRATOR_AMQP_URL", &self.amqp_url)

@@ -9,6 +9,7 @@
 //!   as the loader would, each missing one named with what provides it.
 //! - [`plan`]: batch plans from free memory and a calibration (memory per padded token,
 //!   throughput per batch size), with the knee where throughput stops improving.
+//! - [`threads`]: background threads at a lower priority than inference.
 
 pub mod catalog;
 pub mod cuda;
@@ -16,6 +17,7 @@ pub mod doctor;
 pub mod memory;
 pub mod plan;
 pub mod profile;
+pub mod threads;
 
 pub use catalog::Catalog;
 pub use doctor::{Finding, RuntimeFacts, Severity, diagnose};

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use narrator_audio::{AudioFormat, Pauses};
-use narrator_core::RetryClass;
+use narrator_core::{JobPlan, Manifest, RetryClass, SegmentRecord};
 use narrator_db::{Output, PgPool, Uuid};
-use narrator_pipeline::{AssembleOptions, assemble};
+use narrator_pipeline::{AssembleOptions, PipelineError, assemble};
 use narrator_s3::S3AudioStore;
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
@@ -106,18 +106,10 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
         },
         staging: staging.path().to_path_buf(),
     };
-    let plan = stored.plan;
-    let shared = Arc::new(store.clone());
-    let manifest = tokio::task::block_in_place(|| {
-        tokio::runtime::Handle::current().block_on(assemble(
-            &plan,
-            &records,
-            &shared,
-            &opts,
-            wall_before,
-        ))
-    })
-    .map_err(|e| AssemblyFailure::new(e.retry_class(), format!("assembly failed: {e}")))?;
+    let segments = records.len();
+    let manifest = assemble_in_background(stored.plan, records, store, opts, wall_before)
+        .await
+        .map_err(|e| AssemblyFailure::new(e.retry_class(), format!("assembly failed: {e}")))?;
     let job_text = job.to_string();
     let size = |name: &str| {
         std::fs::metadata(staging.path().join(name))
@@ -157,7 +149,7 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
     }
     tracing::info!(
         %job,
-        segments = records.len(),
+        segments,
         load_s = loaded.as_secs_f64(),
         build_s = (built - loaded).as_secs_f64(),
         record_s = (started.elapsed() - built).as_secs_f64(),
@@ -172,6 +164,44 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
         }
     }
     Ok(())
+}
+
+/// Reads, encodes and uploads the outputs on a thread of its own at a lower priority
+/// (the encoders' work is synchronous): where this worker's sessions keep every core busy
+/// with other jobs' segments, encoding takes the cycles they leave instead of slowing them.
+/// Reads and uploads still run on the runtime's threads.
+async fn assemble_in_background(
+    plan: JobPlan,
+    records: Vec<SegmentRecord>,
+    store: &S3AudioStore,
+    opts: AssembleOptions,
+    wall_before: f64,
+) -> Result<Manifest, PipelineError> {
+    let rt = tokio::runtime::Handle::current();
+    let store = Arc::new(store.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let span = tracing::Span::current();
+    let spawned = std::thread::Builder::new()
+        .name("assembler".into())
+        .spawn(move || {
+            if let Err(e) = narrator_hardware::threads::lower_current_thread_priority() {
+                tracing::debug!(error = %e, "could not lower the assembler thread's priority");
+            }
+            let built =
+                rt.block_on(assemble(&plan, &records, &store, &opts, wall_before).instrument(span));
+            // The receiver is gone only when the worker stopped waiting (shutdown).
+            let _ = tx.send(built);
+        });
+    if let Err(e) = spawned {
+        return Err(PipelineError::Task(format!(
+            "cannot start the assembler thread: {e}"
+        )));
+    }
+    rx.await.unwrap_or_else(|_| {
+        Err(PipelineError::Task(
+            "the assembler thread ended without a result (it panicked)".into(),
+        ))
+    })
 }
 
 /// What happens to a job whose assembly failed: failed for good, or postponed. This

@@ -47,6 +47,10 @@ pub(crate) struct Global {
     /// Folder of Piper voices (default: DATA_DIR/voices).
     #[arg(long, env = "NARRATOR_VOICES_DIR", global = true)]
     pub(crate) voices_dir: Option<PathBuf>,
+    /// Where measured facts such as calibrations are kept (default: DATA_DIR/cache): a
+    /// writable folder when the data folder is read-only or shared by several machines.
+    #[arg(long, env = "NARRATOR_CACHE_DIR", global = true)]
+    pub(crate) cache_dir: Option<PathBuf>,
     /// Log filter, e.g. `info` or `narrator=debug` (default: warn).
     #[arg(long, env = "NARRATOR_LOG", global = true, default_value = "warn")]
     pub(crate) log: String,

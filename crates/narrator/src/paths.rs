@@ -22,7 +22,7 @@ pub(crate) struct Paths {
     /// The data folder (`.deps`).
     pub(crate) data: PathBuf,
     pub(crate) espeak_parent: PathBuf,
-    /// Calibrations and other measured facts (DATA_DIR/cache).
+    /// Calibrations and other measured facts (`--cache-dir`, default DATA_DIR/cache).
     pub(crate) cache: PathBuf,
 }
 
@@ -91,7 +91,10 @@ impl Paths {
             ))
             .context("locating the phonemizer data");
         }
-        let cache = espeak_parent.join("cache");
+        let cache = g
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| espeak_parent.join("cache"));
         Ok(Self {
             voices,
             onnxruntime,

@@ -253,7 +253,10 @@ async fn produce(
         let task = std::thread::Builder::new()
             .name("early-encoder".into())
             .spawn(move || {
-                lower_this_threads_priority();
+                if let Err(e) = narrator_hardware::threads::lower_current_thread_priority() {
+                    // Only speed is at stake.
+                    tracing::debug!(error = %e, "could not lower the encoder thread's priority");
+                }
                 rt.block_on(encode_as_stored(&plan, rx, &store, &aopts))
             })
             .context("starting the encoder thread")?;
@@ -355,23 +358,6 @@ async fn produce(
         resumed,
         plan: Some(used_plan),
     })
-}
-
-/// Nice 10 for the calling thread only (Linux: a thread's id is a process id to
-/// `setpriority`); a failure only costs speed, so it is logged, not returned.
-#[allow(unsafe_code)]
-fn lower_this_threads_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: gettid has no preconditions; setpriority only reads its arguments.
-        let rc = unsafe {
-            let tid = libc::gettid();
-            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10)
-        };
-        if rc != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "could not lower the encoder thread's priority");
-        }
-    }
 }
 
 pub(crate) fn worker_name() -> String {

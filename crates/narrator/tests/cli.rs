@@ -19,6 +19,10 @@ fn narrator() -> Command {
     // The CPU build, whatever `ops/setup.sh --gpu` installed: the GPU-less fallback of
     // `--device auto` (one warning line) has its own tests (tests/gpu.rs).
     c.env("NARRATOR_DATA_DIR", deps)
+        .env(
+            "NARRATOR_CACHE_DIR",
+            narrator_test_support::test_cache_dir(),
+        )
         .env("NARRATOR_ORT_BUILD", "cpu")
         .env_remove("NARRATOR_VOICE");
     c
@@ -826,21 +830,11 @@ fn plan_calibrates_this_machine_once_and_then_reads_the_cache() {
     assert_eq!(q["max_batch_tokens"], p["max_batch_tokens"]);
 }
 
-/// A data folder of its own (links to the shared runtime, voices and espeak-ng data), so
-/// its calibration cache starts empty whatever other tests have calibrated.
-fn fresh_data_dir() -> tempfile::TempDir {
-    let deps = Path::new(ROOT).join(".deps");
-    let dir = tempfile::tempdir().expect("tempdir");
-    for part in ["voices", "onnxruntime", "espeak-ng-data"] {
-        std::os::unix::fs::symlink(deps.join(part), dir.path().join(part)).expect("link");
-    }
-    dir
-}
-
-fn run_layout(data: &Path, out: &Path) -> serde_json::Value {
+/// `run --json`'s plan, with calibrations cached in `cache`.
+fn run_layout(cache: &Path, out: &Path) -> serde_json::Value {
     let text = sample();
     let o = narrator()
-        .env("NARRATOR_DATA_DIR", data)
+        .env("NARRATOR_CACHE_DIR", cache)
         .args(["run", text.to_str().unwrap_or_default(), "--out"])
         .arg(out)
         .args(["--format", "wav", "--json"])
@@ -853,12 +847,13 @@ fn run_layout(data: &Path, out: &Path) -> serde_json::Value {
 
 #[test]
 fn run_uses_the_same_layout_before_and_after_a_calibration() {
-    let data = fresh_data_dir();
+    // A cache of its own: empty whatever other tests have calibrated.
+    let cache = tempfile::tempdir().expect("tempdir");
     let out = tempfile::tempdir().expect("tempdir");
-    let before = run_layout(data.path(), &out.path().join("before"));
+    let before = run_layout(cache.path(), &out.path().join("before"));
     assert_eq!(before["source"], "default", "{before}");
     let calibrated = narrator()
-        .env("NARRATOR_DATA_DIR", data.path())
+        .env("NARRATOR_CACHE_DIR", cache.path())
         .args(["plan", "--json", "--calibrate", "always"])
         .output()
         .expect("spawn narrator plan");
@@ -880,7 +875,17 @@ fn run_uses_the_same_layout_before_and_after_a_calibration() {
             );
         }
     }
-    let after = run_layout(data.path(), &out.path().join("after"));
+    // The calibration went where NARRATOR_CACHE_DIR said.
+    let cached = std::fs::read_dir(cache.path().join("calibration"))
+        .map(|d| d.flatten().count())
+        .unwrap_or(0);
+    assert_eq!(
+        cached,
+        1,
+        "one calibration file in {}",
+        cache.path().display()
+    );
+    let after = run_layout(cache.path(), &out.path().join("after"));
     assert_eq!(after["source"], "calibration", "{after}");
     for k in ["device", "sessions", "intra_threads", "max_batch_requests"] {
         assert!(!before[k].is_null(), "{k} missing: {before}");
