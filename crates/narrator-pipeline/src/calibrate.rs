@@ -285,8 +285,8 @@ pub fn compare_layouts(
         Ok(samples as f64)
     };
     // Warm-up: first runs allocate (arenas grow), which is the memory measured.
-    let one_work_bytes = peak_added(&sequential)?;
-    let many_work_bytes = peak_added(&concurrent)?;
+    let one_work_bytes = peak_added(sequential)?;
+    let many_work_bytes = peak_added(concurrent)?;
     let rate = f64::from(synth.sample_rate());
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
