@@ -161,7 +161,7 @@ impl Catalog {
                 "calibration of {} ({}, ONNX Runtime {}): {}",
                 name, origin.0, c.runtime, p.reason
             );
-            p.source = "catalog".into();
+            p.source = crate::plan::PlanOrigin::Catalog.into();
             return p;
         }
         let mut p = plan(device, memory, limits);
@@ -201,7 +201,7 @@ mod tests {
         c.device_model = model.into();
         c.runtime = "1.31.1".into();
         c.points = points;
-        c.source = "measured".into();
+        c.source = crate::plan::CalibrationSource::Measured;
         c
     }
 

@@ -225,15 +225,125 @@ pub struct Calibration {
     pub sessions: usize,
     /// The measured batch sizes, smallest first (empty when supplied by hand).
     pub points: Vec<CalibrationPoint>,
-    /// Where it came from: "measured", "cache", "catalog" (a calibration of this GPU
-    /// model, shipped or from the fleet: [`crate::catalog`]) or "supplied".
-    pub source: String,
+    /// Where it came from.
+    pub source: CalibrationSource,
     /// Thread layouts measured on CPU (one session using every core, one single-threaded
     /// session per core); empty when the layout was fixed by flags or on a GPU.
     #[serde(default)]
     pub layouts: Vec<LayoutPoint>,
     /// Seconds the measurement took.
     pub seconds: f64,
+}
+
+/// Where a [`Calibration`] came from (serialized as its lowercase name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CalibrationSource {
+    /// Measured by this process.
+    Measured,
+    /// Measured earlier on this machine and read from the calibration cache.
+    Cache,
+    /// A calibration of this GPU model, shipped or from the fleet ([`crate::catalog`]).
+    Catalog,
+    /// Nothing measured: a memory figure given by hand (`--bytes-per-token`) or none.
+    Supplied,
+}
+
+impl CalibrationSource {
+    /// The name `--json` and the cache files use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CalibrationSource::Measured => "measured",
+            CalibrationSource::Cache => "cache",
+            CalibrationSource::Catalog => "catalog",
+            CalibrationSource::Supplied => "supplied",
+        }
+    }
+}
+
+impl std::fmt::Display for CalibrationSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a [`Plan`] was made from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PlanOrigin {
+    /// No calibration: the measured default.
+    Default,
+    /// A calibration of this machine (measured now, or cached).
+    Calibration,
+    /// A calibration of this GPU model (shipped, or from the fleet).
+    Catalog,
+    /// Fixed by flags alone (the null engine's `--max-batch`).
+    Flags,
+    /// Not recorded (plans stored before the field existed).
+    #[default]
+    Unknown,
+}
+
+/// Where a plan came from and whether flags changed it, written `ORIGIN` or
+/// `ORIGIN+flags` (`default`, `calibration+flags`, ...) in `--json`, the progress line
+/// and the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(into = "String", from = "String")]
+pub struct PlanSource {
+    /// What the plan was made from.
+    pub origin: PlanOrigin,
+    /// Flags (`--sessions`, `--intra-threads`, `--max-batch`) changed it.
+    pub flags: bool,
+}
+
+impl From<PlanOrigin> for PlanSource {
+    fn from(origin: PlanOrigin) -> Self {
+        Self {
+            origin,
+            flags: false,
+        }
+    }
+}
+
+impl std::fmt::Display for PlanSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.origin {
+            PlanOrigin::Default => "default",
+            PlanOrigin::Calibration => "calibration",
+            PlanOrigin::Catalog => "catalog",
+            PlanOrigin::Flags => "flags",
+            PlanOrigin::Unknown => "unknown",
+        })?;
+        // A plan made by flags alone says so once.
+        if self.flags && self.origin != PlanOrigin::Flags {
+            f.write_str("+flags")?;
+        }
+        Ok(())
+    }
+}
+
+impl From<PlanSource> for String {
+    fn from(s: PlanSource) -> String {
+        s.to_string()
+    }
+}
+
+impl From<String> for PlanSource {
+    /// Reads what [`Display`](std::fmt::Display) writes; anything else (an empty string
+    /// from older records) is `unknown`.
+    fn from(s: String) -> Self {
+        let (origin, flags) = match s.strip_suffix("+flags") {
+            Some(o) => (o, true),
+            None => (s.as_str(), false),
+        };
+        let origin = match origin {
+            "default" => PlanOrigin::Default,
+            "calibration" => PlanOrigin::Calibration,
+            "catalog" => PlanOrigin::Catalog,
+            "flags" => PlanOrigin::Flags,
+            _ => PlanOrigin::Unknown,
+        };
+        Self { origin, flags }
+    }
 }
 
 impl Calibration {
@@ -249,7 +359,7 @@ impl Calibration {
             intra_threads: 1,
             sessions: 1,
             points: Vec::new(),
-            source: "supplied".into(),
+            source: CalibrationSource::Supplied,
             layouts: Vec::new(),
             seconds: 0.0,
         }
@@ -369,11 +479,9 @@ pub struct Plan {
     pub batch_items: usize,
     /// One sentence on what decided the plan.
     pub reason: String,
-    /// Where the plan came from: `default` (no calibration: the measured default),
-    /// `calibration` (measured here, now or cached), `catalog` (a shipped calibration of
-    /// this GPU model); `+flags` when flags changed it.
+    /// Where the plan came from, and whether flags changed it.
     #[serde(default)]
-    pub source: String,
+    pub source: PlanSource,
 }
 
 impl Plan {
@@ -389,11 +497,7 @@ impl Plan {
             self.device,
             self.max_batch_requests,
             s(self.max_batch_requests),
-            if self.source.is_empty() {
-                "unknown"
-            } else {
-                &self.source
-            }
+            self.source
         )
     }
 }
@@ -504,11 +608,11 @@ pub fn plan(device: &DeviceSpec, calib: &Calibration, limits: &PlanLimits) -> Pl
         memory_budget_bytes,
         batch_items: items,
         reason: why,
-        source: if calib.source == "supplied" {
-            "default".into()
-        } else {
-            "calibration".into()
-        },
+        source: PlanSource::from(match calib.source {
+            CalibrationSource::Supplied => PlanOrigin::Default,
+            CalibrationSource::Catalog => PlanOrigin::Catalog,
+            CalibrationSource::Measured | CalibrationSource::Cache => PlanOrigin::Calibration,
+        }),
     }
 }
 
@@ -732,6 +836,43 @@ mod tests {
         let (old_default, old_other) = (layout(2, 1, 10.0, None), layout(1, 2, 11.0, None));
         let (l, _) = choose_layout(&old_default, &old_other, 1000 * MIB, gain);
         assert_eq!(l, &old_other);
+    }
+
+    #[test]
+    fn plan_sources_are_written_and_read_as_one_word_with_flags() {
+        for (source, text) in [
+            (PlanSource::from(PlanOrigin::Default), "default"),
+            (
+                PlanSource {
+                    origin: PlanOrigin::Calibration,
+                    flags: true,
+                },
+                "calibration+flags",
+            ),
+            (PlanSource::from(PlanOrigin::Catalog), "catalog"),
+            (PlanSource::from(PlanOrigin::Flags), "flags"),
+        ] {
+            let json = serde_json::to_string(&source).expect("serialize");
+            assert_eq!(json, format!("\"{text}\""));
+            assert_eq!(
+                serde_json::from_str::<PlanSource>(&json).expect("read"),
+                source
+            );
+        }
+        // Plans stored before the field existed, or with an empty one.
+        let old: PlanSource = serde_json::from_str("\"\"").expect("read");
+        assert_eq!(old.origin, PlanOrigin::Unknown);
+        assert_eq!(old.to_string(), "unknown");
+        // A plan from a supplied calibration is the default; from a cache, a calibration.
+        let mut c = calib(1.0);
+        let limits = PlanLimits::default();
+        let cpu = DeviceSpec::Cpu {
+            cores: 2,
+            available_bytes: 8 << 30,
+        };
+        assert_eq!(plan(&cpu, &c, &limits).source.to_string(), "default");
+        c.source = CalibrationSource::Cache;
+        assert_eq!(plan(&cpu, &c, &limits).source.to_string(), "calibration");
     }
 
     #[test]

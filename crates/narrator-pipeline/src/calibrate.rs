@@ -157,7 +157,7 @@ pub fn calibrate(
         intra_threads: opts.intra_threads,
         sessions: opts.sessions,
         points,
-        source: "measured".into(),
+        source: narrator_hardware::CalibrationSource::Measured,
         layouts: Vec::new(),
         seconds: started.elapsed().as_secs_f64(),
     })

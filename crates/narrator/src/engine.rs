@@ -7,7 +7,10 @@ use narrator_engine::{
     ArenaPolicy, Backend, Device, EnginePool, MemoryLimit, PiperEngine, PoolOptions, Scales,
     SessionOptions, Voice,
 };
-use narrator_hardware::{Calibration, Catalog, DeviceSpec, HardwareProfile, Plan, PlanLimits};
+use narrator_hardware::{
+    Calibration, CalibrationSource, Catalog, DeviceSpec, HardwareProfile, Plan, PlanLimits,
+    PlanOrigin,
+};
 use narrator_phonemes::Phonemizer;
 use narrator_pipeline::{Budget, CalibrateOptions, Synthesizer, calibrate};
 
@@ -217,7 +220,7 @@ fn read_cached(path: &std::path::Path) -> Option<Calibration> {
     let text = std::fs::read_to_string(path).ok()?;
     match serde_json::from_str::<Calibration>(&text) {
         Ok(mut c) => {
-            c.source = "cache".into();
+            c.source = CalibrationSource::Cache;
             Some(c)
         }
         Err(e) => {
@@ -385,7 +388,7 @@ pub(crate) fn load_with(
         _ => match known {
             Some((c, _)) => {
                 let mut c = c.clone();
-                c.source = "catalog".into();
+                c.source = CalibrationSource::Catalog;
                 c.device_model = spec.model();
                 Some(c)
             }
@@ -512,7 +515,7 @@ pub(crate) fn load_with(
         }
     };
     let mut plan = match &calibration {
-        Some(c) if c.source == "catalog" => {
+        Some(c) if c.source == CalibrationSource::Catalog => {
             let mut p = narrator_hardware::plan(&spec, c, &limits);
             p.reason = format!(
                 "calibration of {} from {}: {}",
@@ -520,7 +523,7 @@ pub(crate) fn load_with(
                 known_origin.as_deref().unwrap_or("the catalog"),
                 p.reason
             );
-            p.source = "catalog".into();
+            p.source = PlanOrigin::Catalog.into();
             p
         }
         Some(c) => narrator_hardware::plan(&spec, c, &limits),
@@ -549,7 +552,7 @@ pub(crate) fn load_with(
         arena.settle_at(MULTI_SESSION_KEPT_TOKENS);
     }
     if !auto_layout || args.max_batch.is_some() {
-        plan.source.push_str("+flags");
+        plan.source.flags = true;
     }
     if let Some(n) = args.max_batch {
         plan.max_batch_requests = n.max(1);
@@ -678,7 +681,7 @@ pub(crate) fn load_null(
         memory_budget_bytes: 0,
         batch_items: n,
         reason: "null engine: fixed plan (--max-batch)".into(),
-        source: "flags".into(),
+        source: PlanOrigin::Flags.into(),
     };
     Ok(Loaded {
         synth,

@@ -38,7 +38,7 @@ pub(crate) async fn load_into(db: &PgPool, catalog: &mut Catalog) -> anyhow::Res
 /// here (not read from the catalog, a cache or a flag) on a GPU NVML named. Returns
 /// whether it was stored.
 pub(crate) async fn share(db: &PgPool, c: &Calibration, measured_by: &str) -> anyhow::Result<bool> {
-    let shareable = c.source == "measured"
+    let shareable = c.source == narrator_hardware::CalibrationSource::Measured
         && !matches!(
             c.device_model.as_str(),
             "cpu" | "any" | crate::engine::UNKNOWN_GPU
