@@ -9,6 +9,7 @@
 #
 #   bash ops/bench-cluster.sh [--rounds N] [--null-segments N] [--book PATH]
 #                             [--e2e-worker "ARGS"]... [--null-worker "ARGS"]... [--no-piper] [--only e2e|null] [--keep DIR]
+#                             [--format wav|opus|mp3|m4b]
 #
 #   --rounds N          interleaved rounds of part 1 (default 3): raw, piper, embedded, distributed, ...
 #   --null-segments N   segments of the generated text of part 2 (default 5000)
@@ -26,8 +27,11 @@
 #                       first: both use its venv)
 #   --only e2e|null     run one part only
 #   --keep DIR          keep the work folder (texts, logs, per-run figures) in DIR
+#   --format F          part 1's output format for the embedded and distributed arms
+#                       (default wav, as Piper writes; `opus` puts the default format's
+#                       encoding, and the distributed assembly's, into their figures)
 #
-# Part 1, per round: embedded = `narrator run BOOK --out TMP --format wav --json` (process
+# Part 1, per round: embedded = `narrator run BOOK --out TMP --format F --json` (process
 # wall, model load included; the model-load share is read from its "engine ready" log
 # line); distributed = fresh database + migrate, purged queue, ONE `narrator worker`
 # started and waited for until "ready" (model load excluded: a worker is long-running),
@@ -50,6 +54,7 @@ E2E_WORKERS=()
 NO_PIPER=0
 ONLY=""
 KEEP=""
+FORMAT=wav
 while (($#)); do
     case "$1" in
         --rounds) ROUNDS="${2:?--rounds needs N}"; shift 2 ;;
@@ -60,7 +65,8 @@ while (($#)); do
         --no-piper) NO_PIPER=1; shift ;;
         --only) ONLY="${2:?--only needs e2e or null}"; shift 2 ;;
         --keep) KEEP="${2:?--keep needs DIR}"; shift 2 ;;
-        -h | --help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --format) FORMAT="${2:?--format needs wav, opus, mp3 or m4b}"; shift 2 ;;
+        -h | --help) sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench-cluster: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -275,7 +281,7 @@ run_embedded() {
     echo "t0=$(now)" >>"$dir/meta"
     # --log narrator=info only adds the timestamped "engine ready" line (model loaded).
     /usr/bin/time -f '%e %M %U %S' -o "$dir/time" \
-        "$NARRATOR" --log narrator=info run "$TEXT" --out "$dir/out" --format wav --json "${PAUSES[@]}" \
+        "$NARRATOR" --log narrator=info run "$TEXT" --out "$dir/out" --format "$FORMAT" --json "${PAUSES[@]}" \
         >"$dir/stdout" 2>"$dir/stderr" || { tail -5 "$dir/stderr" >&2; die "narrator run failed"; }
     echo "t1=$(now)" >>"$dir/meta"
     echo "load_after=$(load1)" >>"$dir/meta"
@@ -297,7 +303,7 @@ run_cluster() {
     t0=$(now)
     echo "t0=$t0" >>"$dir/meta"
     /usr/bin/time -f '%e %M %U %S' -o "$dir/submit.time" \
-        "$NARRATOR" submit "$text" --format wav --json "${PAUSES[@]}" >"$dir/submit.json" 2>"$dir/submit.stderr" ||
+        "$NARRATOR" submit "$text" --format "$FORMAT" --json "${PAUSES[@]}" >"$dir/submit.json" 2>"$dir/submit.stderr" ||
         { tail -5 "$dir/submit.stderr" >&2; die "narrator submit failed"; }
     echo "t_submitted=$(now)" >>"$dir/meta"
     job=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["job_id"])' "$dir/submit.json")
@@ -359,6 +365,6 @@ log "uptime: $UPTIME_END"
 
 # ---- 6. the report ----------------------------------------------------------------------
 python3 ops/bench/cluster_report.py "$WORK" \
-    --meta text="$TEXT_DESC" null_segments="$NULL_SEGMENTS" rounds="$ROUNDS" \
+    --meta text="$TEXT_DESC" null_segments="$NULL_SEGMENTS" rounds="$ROUNDS" format="$FORMAT" \
     uptime_start="$UPTIME_START" uptime_end="$UPTIME_END" \
     narrator="$("$NARRATOR" --version | awk '{print $2}')"

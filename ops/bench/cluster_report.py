@@ -229,7 +229,7 @@ def report(work, meta):
     print(f"- Uptime at start: `{meta.get('uptime_start', '').strip()}`; at end: `{meta.get('uptime_end', '').strip()}`")
     e2e = [r for r in rs if r["arm"] in ("raw ORT loop", "piper CLI", "embedded") or r["arm"].startswith("distributed")]
     if e2e:
-        print(f"- Part 1 text: {meta.get('text', '?')}; {meta.get('rounds', '?')} interleaved round(s); pauses 0; format wav")
+        print(f"- Part 1 text: {meta.get('text', '?')}; {meta.get('rounds', '?')} interleaved round(s); pauses 0; format {meta.get('format', 'wav')}")
         print("- Throughput = audio seconds / wall seconds. Embedded and Piper: the whole process, model "
               "load included (the raw loop: Python start, session creation and Piper's phonemizer too). Distributed: submit start -> `narrator status` first says done (polled every "
               "0.2 s), with ONE worker started beforehand and waited for until ready: its model load is "
