@@ -24,8 +24,7 @@ fn gpu_build() -> PathBuf {
 fn narrator_auto() -> Command {
     gpu_build();
     let mut c = Command::new(narrator_bin());
-    c.env("NARRATOR_DATA_DIR", root().join(".deps"))
-        .env("NARRATOR_CACHE_DIR", test_cache_dir())
+    narrator_test_support::use_test_data(&mut c)
         .env("NARRATOR_ORT_BUILD", "auto")
         .env_remove("LD_LIBRARY_PATH")
         .env_remove("NARRATOR_CUDA_LIBS")

@@ -72,6 +72,13 @@ pub fn test_cache_dir() -> PathBuf {
         .join("narrator-test-cache")
 }
 
+/// Points `c` at the repository's `.deps` (voices, runtimes, espeak-ng data) and at the
+/// suite's own calibration cache ([`test_cache_dir`]).
+pub fn use_test_data(c: &mut Command) -> &mut Command {
+    c.env("NARRATOR_DATA_DIR", root().join(".deps"))
+        .env("NARRATOR_CACHE_DIR", test_cache_dir())
+}
+
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
@@ -275,8 +282,7 @@ impl World {
         let mut c = Command::new(narrator_bin());
         // The CPU build (tests/gpu.rs sets NARRATOR_ORT_BUILD=auto for the CUDA build's
         // fallback on this GPU-less machine).
-        c.env("NARRATOR_DATA_DIR", root().join(".deps"))
-            .env("NARRATOR_CACHE_DIR", test_cache_dir())
+        use_test_data(&mut c)
             .env("NARRATOR_ORT_BUILD", "cpu")
             .env("NARRATOR_DATABASE_URL", &self.db_url)
             .env("NARRATOR_AMQP_URL", &self.amqp_url)

@@ -156,12 +156,12 @@ impl Catalog {
             // The device as the calibration names it, so the knee applies.
             let mut c = c.clone();
             c.device_model = device.model();
+            c.source = crate::plan::CalibrationSource::Catalog;
             let mut p = plan(device, &c, limits);
             p.reason = format!(
                 "calibration of {} ({}, ONNX Runtime {}): {}",
                 name, origin.0, c.runtime, p.reason
             );
-            p.source = crate::plan::PlanOrigin::Catalog.into();
             return p;
         }
         let mut p = plan(device, memory, limits);

@@ -283,6 +283,27 @@ pub enum PlanOrigin {
     Unknown,
 }
 
+impl PlanOrigin {
+    /// Every origin a plan records, in the order they are read back.
+    const RECORDED: [PlanOrigin; 4] = [
+        PlanOrigin::Default,
+        PlanOrigin::Calibration,
+        PlanOrigin::Catalog,
+        PlanOrigin::Flags,
+    ];
+
+    /// Its name in `--json`, the progress line and the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanOrigin::Default => "default",
+            PlanOrigin::Calibration => "calibration",
+            PlanOrigin::Catalog => "catalog",
+            PlanOrigin::Flags => "flags",
+            PlanOrigin::Unknown => "unknown",
+        }
+    }
+}
+
 /// Where a plan came from and whether flags changed it, written `ORIGIN` or
 /// `ORIGIN+flags` (`default`, `calibration+flags`, ...) in `--json`, the progress line
 /// and the database.
@@ -306,13 +327,7 @@ impl From<PlanOrigin> for PlanSource {
 
 impl std::fmt::Display for PlanSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self.origin {
-            PlanOrigin::Default => "default",
-            PlanOrigin::Calibration => "calibration",
-            PlanOrigin::Catalog => "catalog",
-            PlanOrigin::Flags => "flags",
-            PlanOrigin::Unknown => "unknown",
-        })?;
+        f.write_str(self.origin.as_str())?;
         // A plan made by flags alone says so once.
         if self.flags && self.origin != PlanOrigin::Flags {
             f.write_str("+flags")?;
@@ -335,13 +350,10 @@ impl From<String> for PlanSource {
             Some(o) => (o, true),
             None => (s.as_str(), false),
         };
-        let origin = match origin {
-            "default" => PlanOrigin::Default,
-            "calibration" => PlanOrigin::Calibration,
-            "catalog" => PlanOrigin::Catalog,
-            "flags" => PlanOrigin::Flags,
-            _ => PlanOrigin::Unknown,
-        };
+        let origin = PlanOrigin::RECORDED
+            .into_iter()
+            .find(|o| o.as_str() == origin)
+            .unwrap_or(PlanOrigin::Unknown);
         Self { origin, flags }
     }
 }

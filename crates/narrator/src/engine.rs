@@ -523,7 +523,6 @@ pub(crate) fn load_with(
                 known_origin.as_deref().unwrap_or("the catalog"),
                 p.reason
             );
-            p.source = PlanOrigin::Catalog.into();
             p
         }
         Some(c) => narrator_hardware::plan(&spec, c, &limits),

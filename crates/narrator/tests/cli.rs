@@ -18,11 +18,7 @@ fn narrator() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_narrator"));
     // The CPU build, whatever `ops/setup.sh --gpu` installed: the GPU-less fallback of
     // `--device auto` (one warning line) has its own tests (tests/gpu.rs).
-    c.env("NARRATOR_DATA_DIR", deps)
-        .env(
-            "NARRATOR_CACHE_DIR",
-            narrator_test_support::test_cache_dir(),
-        )
+    narrator_test_support::use_test_data(&mut c)
         .env("NARRATOR_ORT_BUILD", "cpu")
         .env_remove("NARRATOR_VOICE");
     c
