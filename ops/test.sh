@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # --gpu: ONNX Runtime's CUDA build and the CUDA wheels; tests/gpu.rs checks on this
 # GPU-less machine what doctor says of them and how `--device auto` falls back.
-# --test: the S3 test server and ffprobe.
-bash ops/setup.sh --gpu --test
+# --test: the S3 test server and ffprobe. --kokoro: the second model family's tests.
+bash ops/setup.sh --gpu --test --kokoro
 # The observability tests scrape a worker with a real Prometheus and check the alert
 # rules with promtool (both in Debian's `prometheus` package).
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then

@@ -1,11 +1,15 @@
 //! Inference for narrator.
 //!
 //! - [`runtime`]: loads ONNX Runtime once per process (`ort::init_from`).
-//! - [`voice`]: Piper voices on disk and their configs.
+//! - [`family`]: what a model family declares (ids, capabilities, sessions): the seam.
+//! - [`voice`]: voices on disk (Piper files, the Kokoro installation) and their configs.
+//! - [`kokoro`]: the Kokoro-82M family; packed runs cut at exact token boundaries.
 //! - [`splice`]: exposes the per-phoneme frame counts as a graph output at load time.
 //! - [`piper`]: the VITS backend; padded batches in, exactly trimmed waveforms out.
 //! - [`pool`]: engine threads (one session each) behind an async handle.
 
+pub mod family;
+pub mod kokoro;
 pub mod limit;
 pub mod null;
 pub mod piper;
@@ -21,7 +25,9 @@ pub use null::NullBackend;
 pub use piper::{ArenaPolicy, CpuArena, PiperEngine, SessionOptions};
 pub use pool::{EnginePool, PoolOptions};
 pub use runtime::{Runtime, load_runtime};
-pub use voice::{Scales, Voice, VoiceConfig, list_voices};
+pub use family::{Batching, Capabilities, Family, VoiceInfo};
+pub use kokoro::{KokoroEngine, KokoroVoice};
+pub use voice::{MAX_ITEM_PHONEMES, PiperVoice, Scales, Voice, VoiceConfig, list_voices};
 
 /// A synthesis backend: synchronous, owned by one engine thread.
 pub trait Backend: Send {
@@ -154,6 +160,30 @@ pub enum EngineError {
         /// What it has (names with ids, or the id range).
         speakers: String,
     },
+    /// A voice whose family is not installed, or whose files are missing.
+    #[error("voice {voice} is not installed ({} is missing): run `narrator voices install kokoro` (or `bash ops/setup.sh --kokoro`)", missing.display())]
+    NotInstalled {
+        /// The voice asked for.
+        voice: String,
+        /// The first file found missing.
+        missing: PathBuf,
+    },
+    /// A voice whose language narrator cannot phonemize.
+    #[error("voice {voice} reads {language}, which needs a G2P narrator does not have (Kokoro's Japanese and Chinese voices were trained on misaki's pyopenjtalk/pypinyin phonemes, available only in Python); choose a voice of another language (`narrator voices`)")]
+    UnsupportedLanguage {
+        /// The voice asked for.
+        voice: String,
+        /// Its language.
+        language: String,
+    },
+    /// A voice blend that cannot be made.
+    #[error("voice blend `{given}`: {reason}; write it as `af_bella:2+af_sky:1`")]
+    BadBlend {
+        /// What was given.
+        given: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A voice config that cannot be used.
     #[error("voice config {} is unusable: {reason}; reinstall the voice (bash ops/setup.sh)", path.display())]
     VoiceConfig {
@@ -214,6 +244,9 @@ impl EngineError {
             EngineError::UnknownVoice { .. } => "unknown_voice",
             EngineError::UnknownSpeaker { .. } => "unknown_speaker",
             EngineError::VoiceConfig { .. } => "voice_config",
+            EngineError::NotInstalled { .. } => "voice_not_installed",
+            EngineError::UnsupportedLanguage { .. } => "unsupported_language",
+            EngineError::BadBlend { .. } => "bad_blend",
             EngineError::Io { .. } => "io",
             EngineError::Ort { .. } => "inference",
             EngineError::OutOfMemory { .. } => "out_of_memory",

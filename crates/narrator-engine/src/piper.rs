@@ -121,7 +121,7 @@ impl ArenaPolicy {
     }
 
     /// Whether a run of `tokens` frees the arena's unused regions when it ends.
-    fn shrink_after(&self, tokens: usize) -> bool {
+    pub(crate) fn shrink_after(&self, tokens: usize) -> bool {
         match self.mode {
             CpuArena::Keep | CpuArena::Off => false,
             CpuArena::Shrink => true,
@@ -157,7 +157,7 @@ impl std::fmt::Debug for PiperEngine {
     }
 }
 
-fn ort_err(what: &'static str) -> impl Fn(ort::Error) -> EngineError {
+pub(crate) fn ort_err(what: &'static str) -> impl Fn(ort::Error) -> EngineError {
     move |e| EngineError::Ort { what, source: e }
 }
 
@@ -193,56 +193,12 @@ impl PiperEngine {
                 ],
             );
         }
-        let device = match opts.device {
-            Device::Auto if rt.cuda_available => Device::Cuda(0),
-            Device::Auto => Device::Cpu,
-            Device::Cuda(_) if !rt.cuda_available => {
-                return Err(EngineError::NoCuda {
-                    library: rt.library.clone(),
-                });
-            }
-            d => d,
-        };
-        let mut builder = Session::builder(rt.environment())
-            .map_err(ort_err("creating a session builder"))?
-            .with_optimization_level(GraphOptimizationLevel::All)
-            .map_err(|e| ort_err("setting the optimization level")(e.into()))?
-            .with_intra_threads(opts.intra_threads.max(1))
-            .map_err(|e| ort_err("setting intra-op threads")(e.into()))?
-            .with_inter_threads(1)
-            .map_err(|e| ort_err("setting inter-op threads")(e.into()))?
-            .with_intra_op_spinning(opts.spin)
-            .map_err(|e| ort_err("setting intra-op spinning")(e.into()))?;
-        let plain = RunOptions::new().map_err(ort_err("creating run options"))?;
-        let mut shrinking = RunOptions::new().map_err(ort_err("creating run options"))?;
-        shrinking
-            .set("memory.enable_memory_arena_shrinkage", "cpu:0")
-            .map_err(ort_err("enabling arena shrinkage"))?;
-        // Providers in priority order, registered in one call: CUDA first, so that no
-        // node it can run lands on the CPU provider (registering the CPU provider first,
-        // as for `--cpu-arena off`, would put the whole graph on the CPU).
-        let mut providers = Vec::new();
-        if let Device::Cuda(id) = device {
-            let cuda = ort::ep::CUDA::default()
-                .with_device_id(id as i32)
-                .with_conv_algorithm_search(ort::ep::cuda::ConvAlgorithmSearch::Heuristic);
-            let cuda = match opts.gpu_mem_limit {
-                Some(limit) => cuda.with_memory_limit(limit),
-                None => cuda,
-            };
-            providers.push(cuda.build().error_on_failure());
-        }
-        if opts.cpu_arena.mode() == CpuArena::Off {
-            providers.push(ort::ep::CPU::default().with_arena_allocator(false).build());
-        }
-        if !providers.is_empty() {
-            builder = builder
-                .with_execution_providers(providers)
-                .map_err(|e| ort_err("registering the execution providers")(e.into()))?;
-        }
-        let session = builder
-            .commit_from_memory(&bytes)
-            .map_err(ort_err("loading the voice model"))?;
+        let Opened {
+            session,
+            plain,
+            shrinking,
+            device,
+        } = open_session(rt, &bytes, opts, "loading the voice model")?;
         let has_sid = session.inputs().iter().any(|i| i.name() == "sid");
         Ok(Self {
             session,
@@ -255,6 +211,82 @@ impl PiperEngine {
             pad_multiple: opts.pad_multiple.max(1),
         })
     }
+}
+
+
+/// A session with its run options and the device it runs on.
+pub(crate) struct Opened {
+    pub(crate) session: Session,
+    pub(crate) plain: RunOptions,
+    pub(crate) shrinking: RunOptions,
+    pub(crate) device: Device,
+}
+
+/// Creates a session from model bytes with the options every family shares (threads,
+/// spinning, the CUDA provider and its memory cap, the CPU arena); `what` names the model
+/// in errors.
+pub(crate) fn open_session(
+    rt: &Runtime,
+    bytes: &[u8],
+    opts: &SessionOptions,
+    what: &'static str,
+) -> Result<Opened, EngineError> {
+    let device = match opts.device {
+        Device::Auto if rt.cuda_available => Device::Cuda(0),
+        Device::Auto => Device::Cpu,
+        Device::Cuda(_) if !rt.cuda_available => {
+            return Err(EngineError::NoCuda {
+                library: rt.library.clone(),
+            });
+        }
+        d => d,
+    };
+    let mut builder = Session::builder(rt.environment())
+        .map_err(ort_err("creating a session builder"))?
+        .with_optimization_level(GraphOptimizationLevel::All)
+        .map_err(|e| ort_err("setting the optimization level")(e.into()))?
+        .with_intra_threads(opts.intra_threads.max(1))
+        .map_err(|e| ort_err("setting intra-op threads")(e.into()))?
+        .with_inter_threads(1)
+        .map_err(|e| ort_err("setting inter-op threads")(e.into()))?
+        .with_intra_op_spinning(opts.spin)
+        .map_err(|e| ort_err("setting intra-op spinning")(e.into()))?;
+    let plain = RunOptions::new().map_err(ort_err("creating run options"))?;
+    let mut shrinking = RunOptions::new().map_err(ort_err("creating run options"))?;
+    shrinking
+        .set("memory.enable_memory_arena_shrinkage", "cpu:0")
+        .map_err(ort_err("enabling arena shrinkage"))?;
+    // Providers in priority order, registered in one call: CUDA first, so that no
+    // node it can run lands on the CPU provider (registering the CPU provider first,
+    // as for `--cpu-arena off`, would put the whole graph on the CPU).
+    let mut providers = Vec::new();
+    if let Device::Cuda(id) = device {
+        let cuda = ort::ep::CUDA::default()
+            .with_device_id(id as i32)
+            .with_conv_algorithm_search(ort::ep::cuda::ConvAlgorithmSearch::Heuristic);
+        let cuda = match opts.gpu_mem_limit {
+            Some(limit) => cuda.with_memory_limit(limit),
+            None => cuda,
+        };
+        providers.push(cuda.build().error_on_failure());
+    }
+    if opts.cpu_arena.mode() == CpuArena::Off {
+        providers.push(ort::ep::CPU::default().with_arena_allocator(false).build());
+    }
+    if !providers.is_empty() {
+        builder = builder
+            .with_execution_providers(providers)
+            .map_err(|e| ort_err("registering the execution providers")(e.into()))?;
+    }
+    let session = builder
+        .commit_from_memory(bytes)
+        .map_err(ort_err(what))?;
+    Ok(Opened {
+        session,
+        plain,
+        shrinking,
+        device,
+    })
 }
 
 impl Backend for PiperEngine {

@@ -14,7 +14,8 @@ use tokio::sync::oneshot;
 use std::sync::Arc;
 
 use crate::Backend;
-use crate::piper::{PiperEngine, SessionOptions};
+use crate::family::Family;
+use crate::piper::SessionOptions;
 use crate::{BatchOutput, Device, EngineError, Scales, runtime::Runtime};
 
 struct Job {
@@ -53,21 +54,15 @@ impl std::fmt::Debug for EnginePool {
 }
 
 impl EnginePool {
-    /// Starts the threads and loads one Piper session on each; returns once all are
-    /// ready or the first one failed.
+    /// Starts the threads and opens one session of the voice's family on each; returns
+    /// once all are ready or the first one failed.
     pub fn start(
         rt: &'static Runtime,
-        model: PathBuf,
+        family: Arc<dyn Family>,
         opts: PoolOptions,
     ) -> Result<Self, EngineError> {
-        let bytes = Arc::new(std::fs::read(&model).map_err(|source| EngineError::Io {
-            path: model.clone(),
-            source,
-        })?);
         let sopts = opts.session.clone();
-        Self::start_with(opts.sessions, move |_| {
-            Ok(Box::new(PiperEngine::from_bytes(rt, bytes.to_vec(), &sopts)?) as Box<dyn Backend>)
-        })
+        Self::start_with(opts.sessions, move |_| family.open(rt, &sopts))
     }
 
     /// Starts `sessions` threads, each running the backend `make(i)` builds on it.

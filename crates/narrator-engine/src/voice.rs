@@ -1,13 +1,16 @@
-//! Piper voices on disk: `NAME.onnx` next to `NAME.onnx.json`.
-//!
-//! A voice is found by name in the voices folder; its JSON config says the sample rate,
-//! the espeak-ng voice, the phoneme id map and the default inference scales.
+//! Voices on disk. A Piper voice is `NAME.onnx` next to `NAME.onnx.json` (its JSON config
+//! says the sample rate, the espeak-ng voice, the phoneme id map and the default inference
+//! scales); Kokoro voices live in one installation, `kokoro/` ([`crate::kokoro`]).
+//! [`Voice::find`] is the one place that names every family.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::EngineError;
+use crate::family::{Batching, Capabilities, Family, VoiceInfo};
+use crate::runtime::Runtime;
+use crate::{Backend, EngineError, PiperEngine, SessionOptions};
 
 /// Inference scales of a VITS voice (`scales` input: noise, length, noise_w).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -164,49 +167,60 @@ impl VoiceConfig {
     }
 }
 
-/// An installed voice: its name, files and config.
+/// An installed voice: its name and its model family.
 #[derive(Debug, Clone)]
 pub struct Voice {
-    /// Name, e.g. `en_US-joe-medium` (the file stem).
+    /// Name, e.g. `en_US-joe-medium` (a Piper file stem) or `af_heart`,
+    /// `af_bella:2+af_sky:1` (a Kokoro voice or blend, as written by [`Voice::find`]).
     pub name: String,
-    /// The `.onnx` model.
-    pub model_path: PathBuf,
-    /// The `.onnx.json` config.
-    pub config_path: PathBuf,
-    /// The parsed config.
-    pub config: VoiceConfig,
+    /// Its family: ids, capabilities, sessions.
+    pub family: Arc<dyn Family>,
 }
 
 impl Voice {
-    /// Loads the voice `name` from `dir`.
+    /// Loads the voice `name` from the voices folder `dir`: a Piper voice
+    /// (`NAME.onnx` + `NAME.onnx.json`), or a Kokoro voice or blend
+    /// (`af_heart`, `af_bella:2+af_sky:1`) from `dir/kokoro`.
     pub fn find(dir: &Path, name: &str) -> Result<Self, EngineError> {
         let model_path = dir.join(format!("{name}.onnx"));
         let config_path = dir.join(format!("{name}.onnx.json"));
-        if !model_path.is_file() || !config_path.is_file() {
-            let installed = list_voices(dir)
-                .map(|v| v.into_iter().map(|v| v.name).collect::<Vec<_>>().join(", "))
-                .unwrap_or_default();
-            return Err(EngineError::UnknownVoice {
-                name: name.to_string(),
-                dir: dir.to_path_buf(),
-                installed: if installed.is_empty() {
-                    "none".into()
-                } else {
-                    installed
-                },
+        if model_path.is_file() && config_path.is_file() {
+            return Self::load(&model_path);
+        }
+        if let Some(spec) = crate::kokoro::VoiceSpec::parse(name)? {
+            let voice = crate::kokoro::KokoroVoice::open(&dir.join(crate::kokoro::DIR), &spec)?;
+            return Ok(Self {
+                name: spec.to_string(),
+                family: Arc::new(voice),
             });
         }
-        Self::load(&model_path)
+        let installed = list_voices(dir)
+            .map(|v| {
+                let mut names: Vec<String> = v
+                    .iter()
+                    .filter(|v| v.family.info().family == "piper")
+                    .map(|v| v.name.clone())
+                    .collect();
+                if v.iter().any(|v| v.family.info().family == "kokoro") {
+                    names.push("the Kokoro voices (af_heart, ...)".into());
+                }
+                names.join(", ")
+            })
+            .unwrap_or_default();
+        Err(EngineError::UnknownVoice {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            installed: if installed.is_empty() {
+                "none".into()
+            } else {
+                installed
+            },
+        })
     }
 
-    /// Loads a voice from its `.onnx` path (the config sits beside it).
+    /// Loads a Piper voice from its `.onnx` path (the config sits beside it).
     pub fn load(model_path: &Path) -> Result<Self, EngineError> {
-        let config_path = PathBuf::from(format!("{}.json", model_path.display()));
-        let text = std::fs::read_to_string(&config_path).map_err(|source| EngineError::Io {
-            path: config_path.clone(),
-            source,
-        })?;
-        let config = VoiceConfig::from_json(&config_path, &text)?;
+        let voice = PiperVoice::load(model_path)?;
         let name = model_path
             .file_name()
             .and_then(|n| n.to_str())
@@ -215,14 +229,128 @@ impl Voice {
             .to_string();
         Ok(Self {
             name,
+            family: Arc::new(voice),
+        })
+    }
+
+    /// What `narrator voices` shows of it.
+    pub fn info(&self) -> VoiceInfo {
+        self.family.info()
+    }
+
+    /// The model file its sessions load.
+    pub fn model_path(&self) -> PathBuf {
+        self.family.model_path()
+    }
+}
+
+/// Phonemes per utterance before a cut at a word (VITS quality and memory degrade on very
+/// long inputs; Kokoro takes at most 510 ids and sounds rushed near that).
+pub const MAX_ITEM_PHONEMES: usize = 400;
+
+/// A Piper (VITS) voice: one `.onnx` file and its `.onnx.json` config.
+#[derive(Debug, Clone)]
+pub struct PiperVoice {
+    /// The `.onnx` model.
+    pub model_path: PathBuf,
+    /// The `.onnx.json` config.
+    pub config_path: PathBuf,
+    /// The parsed config.
+    pub config: VoiceConfig,
+    ids: narrator_phonemes::PhonemeIdMap,
+}
+
+impl PiperVoice {
+    /// Reads the config beside `model_path`.
+    pub fn load(model_path: &Path) -> Result<Self, EngineError> {
+        let config_path = PathBuf::from(format!("{}.json", model_path.display()));
+        let text = std::fs::read_to_string(&config_path).map_err(|source| EngineError::Io {
+            path: config_path.clone(),
+            source,
+        })?;
+        let config = VoiceConfig::from_json(&config_path, &text)?;
+        let ids = narrator_phonemes::PhonemeIdMap::from_voice_config(&config.raw).map_err(|e| {
+            EngineError::VoiceConfig {
+                path: config_path.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(Self {
             model_path: model_path.to_path_buf(),
             config_path,
             config,
+            ids,
         })
     }
 }
 
-/// Every voice in `dir` (files `*.onnx` with a readable `*.onnx.json`), sorted by name.
+impl Family for PiperVoice {
+    fn info(&self) -> VoiceInfo {
+        VoiceInfo {
+            family: "piper",
+            language: self.config.language.clone(),
+            gender: String::new(),
+            quality: self.config.quality.clone(),
+            sample_rate: self.config.sample_rate,
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            sample_rate: self.config.sample_rate,
+            // Exact when the voice has its frames tensor; a session without it says so
+            // (`Backend::supports_batching`) and runs one item per run.
+            batching: Batching::Padded,
+            max_item_phonemes: MAX_ITEM_PHONEMES,
+            max_run_ids: usize::MAX,
+            speed: true,
+        }
+    }
+
+    fn espeak_voice(&self) -> &str {
+        &self.config.espeak_voice
+    }
+
+    fn phoneme_ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>) {
+        let (ids, unknown) = self.ids.ids(phonemes);
+        // BOS, PAD, EOS alone: nothing to say.
+        if ids.len() > 3 { (ids, unknown) } else { (Vec::new(), unknown) }
+    }
+
+    fn default_scales(&self) -> Scales {
+        self.config.scales
+    }
+
+    fn speaker_id(&self, voice: &str, given: &str) -> Result<u32, EngineError> {
+        self.config.speaker_id(voice, given)
+    }
+
+    fn identity(&self) -> String {
+        let size = std::fs::metadata(&self.model_path)
+            .map(|m| m.len())
+            .unwrap_or(0);
+        format!("{size}:{}", self.config.raw)
+    }
+
+    fn open(
+        &self,
+        rt: &'static Runtime,
+        opts: &SessionOptions,
+    ) -> Result<Box<dyn Backend>, EngineError> {
+        Ok(Box::new(PiperEngine::load(rt, &self.model_path, opts)?))
+    }
+
+    fn model_path(&self) -> PathBuf {
+        self.model_path.clone()
+    }
+
+    fn own_files(&self) -> Vec<PathBuf> {
+        vec![self.config_path.clone(), self.model_path.clone()]
+    }
+}
+
+/// Every voice in `dir` (Piper: files `*.onnx` with a readable `*.onnx.json`; Kokoro:
+/// every voice of an installation in `dir/kokoro`), Piper voices first, each sorted by name.
 pub fn list_voices(dir: &Path) -> Result<Vec<Voice>, EngineError> {
     let entries = std::fs::read_dir(dir).map_err(|source| EngineError::Io {
         path: dir.to_path_buf(),
@@ -238,6 +366,7 @@ pub fn list_voices(dir: &Path) -> Result<Vec<Voice>, EngineError> {
         }
     }
     voices.sort_by(|a, b| a.name.cmp(&b.name));
+    voices.extend(crate::kokoro::list(&dir.join(crate::kokoro::DIR)));
     Ok(voices)
 }
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use narrator_engine::{
-    ArenaPolicy, Backend, CpuArena, Device, PiperEngine, Scales, SessionOptions, Voice,
+    ArenaPolicy, Backend, CpuArena, Device, PiperEngine, PiperVoice, Scales, SessionOptions,
     load_runtime,
 };
 
@@ -17,7 +17,7 @@ fn deps() -> PathBuf {
 }
 
 /// Phoneme ids the way Piper builds them: BOS, each phoneme followed by PAD, EOS.
-fn ids(voice: &Voice, ipa: &str) -> Vec<i64> {
+fn ids(voice: &PiperVoice, ipa: &str) -> Vec<i64> {
     let map = voice.config.raw["phoneme_id_map"].as_object().expect("map");
     let id = |p: &str| map[p][0].as_i64().expect("id");
     let mut out = vec![id("^"), id("_")];
@@ -32,14 +32,14 @@ fn ids(voice: &Voice, ipa: &str) -> Vec<i64> {
     out
 }
 
-fn engine() -> (Voice, PiperEngine) {
+fn engine() -> (PiperVoice, PiperEngine) {
     engine_padded_to(1)
 }
 
-fn engine_padded_to(pad_multiple: usize) -> (Voice, PiperEngine) {
+fn engine_padded_to(pad_multiple: usize) -> (PiperVoice, PiperEngine) {
     let d = deps();
     let rt = load_runtime(&d.join("onnxruntime/libonnxruntime.so.1.32.0")).expect("runtime");
-    let voice = Voice::find(&d.join("voices"), "en_US-joe-medium").expect("voice");
+    let voice = PiperVoice::load(&d.join("voices/en_US-joe-medium.onnx")).expect("voice");
     let opts = SessionOptions {
         intra_threads: 2,
         device: Device::Cpu,

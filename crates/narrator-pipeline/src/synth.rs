@@ -9,15 +9,15 @@ use tracing::Instrument;
 use narrator_core::{Segment, SegmentAudio};
 use std::sync::{Mutex, RwLock};
 
-use narrator_engine::{Device, EngineError, EnginePool, Scales, Voice};
-use narrator_phonemes::{PhonemeIdMap, Phonemizer};
+use narrator_engine::{Batching, Capabilities, Device, EngineError, EnginePool, Family, Scales, Voice};
+use narrator_phonemes::Phonemizer;
 
 use crate::PipelineError;
 use crate::batcher::Budget;
 
 /// Utterances longer than this many phonemes are cut at a word boundary before synthesis
-/// (VITS quality and memory degrade on very long inputs).
-pub const MAX_PHONEMES: usize = 400;
+/// (the default of both families; a family may declare a smaller one).
+pub const MAX_PHONEMES: usize = narrator_engine::MAX_ITEM_PHONEMES;
 
 /// A segment ready for the engine.
 #[derive(Debug, Clone)]
@@ -84,15 +84,14 @@ pub fn cap_phonemes(phonemes: Vec<String>, max: usize) -> Vec<Vec<String>> {
     out
 }
 
-/// Phonemizer, id map and engine pool for one voice.
+/// Phonemizer, the voice's family (ids, capabilities) and engine pool for one voice.
 #[derive(Debug)]
 pub struct Synthesizer {
     phonemizer: Phonemizer,
-    ids: PhonemeIdMap,
-    espeak_voice: String,
+    family: Arc<dyn Family>,
+    caps: Capabilities,
     pool: RwLock<Arc<EnginePool>>,
     scales: Scales,
-    sample_rate: u32,
     fault: Option<FaultHook>,
     budget: Mutex<Budget>,
     fallback: Option<FallbackHook>,
@@ -150,14 +149,12 @@ impl Synthesizer {
         pool: EnginePool,
         scales: Scales,
     ) -> Result<Self, PipelineError> {
-        let ids = PhonemeIdMap::from_voice_config(&voice.config.raw)?;
         Ok(Self {
             phonemizer,
-            ids,
-            espeak_voice: voice.config.espeak_voice.clone(),
+            family: voice.family.clone(),
+            caps: voice.family.capabilities(),
             pool: RwLock::new(Arc::new(pool)),
             scales,
-            sample_rate: voice.config.sample_rate,
             fault: None,
             budget: Mutex::new(Budget::single()),
             fallback: None,
@@ -232,7 +229,20 @@ impl Synthesizer {
 
     /// The voice's sample rate.
     pub fn sample_rate(&self) -> u32 {
-        self.sample_rate
+        self.caps.sample_rate
+    }
+
+    /// What the voice's family declares.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
+    /// How a run's cost is counted: packed families pay for the sum of their items.
+    fn cost(&self) -> RunCost {
+        match self.caps.batching {
+            Batching::Packed => RunCost::Sum,
+            Batching::Padded | Batching::Single => RunCost::Padded,
+        }
     }
 
     /// The engine pool (the CPU one after a fallback).
@@ -244,18 +254,17 @@ impl Synthesizer {
     pub fn prepare(&self, segment: Segment) -> Result<Prepared, PipelineError> {
         let sentences = self
             .phonemizer
-            .phonemize(&self.espeak_voice, &segment.text)?;
+            .phonemize(self.family.espeak_voice(), &segment.text)?;
         let mut utterances = Vec::new();
         let mut unknown = Vec::new();
         for sentence in sentences {
             if sentence.is_empty() {
                 continue;
             }
-            for piece in cap_phonemes(sentence, MAX_PHONEMES) {
-                let (ids, missing) = self.ids.ids(&piece);
+            for piece in cap_phonemes(sentence, self.caps.max_item_phonemes) {
+                let (ids, missing) = self.family.phoneme_ids(&piece);
                 unknown.extend(missing);
-                // BOS, PAD, EOS alone: nothing to say.
-                if ids.len() > 3 {
+                if !ids.is_empty() {
                     utterances.push(ids);
                 }
             }
@@ -370,7 +379,7 @@ impl Synthesizer {
             let wait = started.saturating_duration_since(p.queued_at).as_secs_f64();
             result.push(Synthesized {
                 audio: SegmentAudio {
-                    sample_rate: self.sample_rate,
+                    sample_rate: self.caps.sample_rate,
                     samples,
                 },
                 inference_seconds: share,
@@ -398,7 +407,7 @@ impl Synthesizer {
         let mut waves: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
         let mut inference_seconds = 0.0;
         let mut largest = 0;
-        for run in engine_runs(&lens, &budget) {
+        for run in engine_runs_costed(&lens, &budget, self.cost()) {
             let ids = run.iter().map(|&i| items[i].to_vec()).collect();
             let run_speakers = run.iter().map(|&i| speakers[i]).collect();
             let tokens: usize = run.iter().map(|&i| lens[i]).sum();
@@ -464,21 +473,44 @@ fn shrunk(current: Budget, to: Budget) -> Budget {
     }
 }
 
+/// How an engine run's size is counted against the budget's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunCost {
+    /// Padded batches: longest × items.
+    Padded,
+    /// Packed runs: the items' ids end to end, one separator between two.
+    Sum,
+}
+
 /// Splits items (by their lengths) into engine runs: shortest first, each run as long as
 /// its padded cost (longest × items) and its item count stay within `budget`; an item
 /// over the budget on its own runs alone.
 pub fn engine_runs(lens: &[usize], budget: &Budget) -> Vec<Vec<usize>> {
+    engine_runs_costed(lens, budget, RunCost::Padded)
+}
+
+/// [`engine_runs`] with the run's cost counted as `cost` says. Packed runs keep the
+/// items' order (sentences of one segment stay next to each other in a run).
+pub fn engine_runs_costed(lens: &[usize], budget: &Budget, cost: RunCost) -> Vec<Vec<usize>> {
     let mut order: Vec<usize> = (0..lens.len()).collect();
-    order.sort_by_key(|&i| lens[i]);
+    if cost == RunCost::Padded {
+        order.sort_by_key(|&i| lens[i]);
+    }
     let mut runs: Vec<Vec<usize>> = Vec::new();
     let mut current: Vec<usize> = Vec::new();
+    let mut sum = 0;
     for i in order {
+        let size = match cost {
+            RunCost::Padded => lens[i] * (current.len() + 1),
+            RunCost::Sum => sum + usize::from(!current.is_empty()) + lens[i],
+        };
         let fits = current.is_empty()
-            || (current.len() < budget.max_requests
-                && lens[i] * (current.len() + 1) <= budget.max_tokens);
+            || (current.len() < budget.max_requests && size <= budget.max_tokens);
         if !fits {
             runs.push(std::mem::take(&mut current));
+            sum = 0;
         }
+        sum += usize::from(!current.is_empty()) + lens[i];
         current.push(i);
     }
     if !current.is_empty() {
@@ -532,6 +564,19 @@ mod tests {
             vec![vec![0], vec![2], vec![1]]
         );
         assert!(engine_runs(&[], &budget(10, 1)).is_empty());
+    }
+
+    #[test]
+    fn packed_runs_count_the_sum_with_separators_and_keep_the_order() {
+        let lens = [100, 10, 50, 300, 12];
+        let runs = engine_runs_costed(&lens, &budget(162, 8), RunCost::Sum);
+        // 100 + 1 + 10 + 1 + 50 = 162 fits; 300 alone; 12 after it.
+        assert_eq!(runs, vec![vec![0, 1, 2], vec![3], vec![4]]);
+        // The request cap still holds.
+        assert_eq!(
+            engine_runs_costed(&[1, 1, 1], &budget(100, 2), RunCost::Sum),
+            vec![vec![0, 1], vec![2]]
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ fn panicking_synth(panic_on: &'static str) -> Synthesizer {
         }) as Box<dyn narrator_engine::Backend>)
     })
     .expect("pool");
-    let scales = voice.config.scales;
+    let scales = voice.family.default_scales();
     Synthesizer::new(&voice, phonemizer, pool, scales)
         .expect("synth")
         .with_budget(Budget {

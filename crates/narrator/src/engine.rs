@@ -4,7 +4,7 @@ use anyhow::Context;
 use std::sync::Arc;
 
 use narrator_engine::{
-    ArenaPolicy, Backend, Device, EnginePool, MemoryLimit, PiperEngine, PoolOptions, Scales,
+    ArenaPolicy, Backend, Device, EnginePool, MemoryLimit, PoolOptions, Scales,
     SessionOptions, Voice,
 };
 use narrator_hardware::{
@@ -112,12 +112,16 @@ pub(crate) fn find_voice(paths: &Paths, args: &EngineArgs) -> anyhow::Result<Voi
     Ok(Voice::find(&paths.voices, &args.voice)?)
 }
 
-/// The voice's scales with the flags' overrides.
+/// The voice's scales with the flags' overrides (`--speed S` is a length scale of 1/S).
 pub(crate) fn scales(args: &EngineArgs, voice: &Voice) -> Scales {
-    let d = voice.config.scales;
+    let d = voice.family.default_scales();
+    let length = match args.speed {
+        Some(speed) => d.length / speed,
+        None => args.length_scale.unwrap_or(d.length),
+    };
     Scales {
         noise: args.noise_scale.unwrap_or(d.noise),
-        length: args.length_scale.unwrap_or(d.length),
+        length,
         noise_w: args.noise_w.unwrap_or(d.noise_w),
     }
 }
@@ -320,14 +324,14 @@ pub(crate) fn load_with(
     let pool = match test_memory_limit() {
         None => EnginePool::start(
             rt,
-            voice.model_path.clone(),
+            voice.family.clone(),
             PoolOptions {
                 sessions,
                 session: session.clone(),
             },
         ),
         Some(limit) => {
-            let bytes = std::fs::read(&voice.model_path)?;
+            let family = voice.family.clone();
             let s = session.clone();
             EnginePool::start_with(sessions, move |_| {
                 let cpu = SessionOptions {
@@ -335,7 +339,7 @@ pub(crate) fn load_with(
                     ..s.clone()
                 };
                 Ok(Box::new(MemoryLimit {
-                    inner: Box::new(PiperEngine::from_bytes(rt, bytes.clone(), &cpu)?),
+                    inner: family.open(rt, &cpu)?,
                     max_tokens: limit,
                     device: Device::Cuda(0),
                 }) as Box<dyn Backend>)
@@ -362,7 +366,7 @@ pub(crate) fn load_with(
     let cpu_pool = |sessions: usize, intra: usize| {
         EnginePool::start(
             rt,
-            voice.model_path.clone(),
+            voice.family.clone(),
             PoolOptions {
                 sessions,
                 session: SessionOptions {
@@ -577,7 +581,7 @@ pub(crate) fn load_with(
     });
     if matches!(used, Device::Cuda(_)) {
         // After repeated out-of-memory failures: the same voice on CPU, one item per run.
-        let model = voice.model_path.clone();
+        let family = voice.family.clone();
         let cpu = SessionOptions {
             intra_threads: cores,
             device: Device::Cpu,
@@ -589,7 +593,7 @@ pub(crate) fn load_with(
         synth = synth.with_fallback(Box::new(move || {
             let pool = EnginePool::start(
                 rt,
-                model.clone(),
+                family.clone(),
                 PoolOptions {
                     sessions: 1,
                     session: cpu.clone(),

@@ -43,8 +43,17 @@ fn init_telemetry(cli: &Cli) -> anyhow::Result<narrator_telemetry::Telemetry> {
 fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
     match args.action {
         Some(VoicesAction::Install { source, force }) => {
-            for name in voices::install(paths, &source, force)? {
-                println!("installed voice {name} in {}", paths.voices.display());
+            let names = voices::install(paths, &source, force)?;
+            if source.eq_ignore_ascii_case("kokoro") {
+                println!(
+                    "Kokoro voices ready in {}: {} (`narrator voices` lists them)",
+                    paths.voices.join(narrator_engine::kokoro::DIR).display(),
+                    names.join(", ")
+                );
+            } else {
+                for name in names {
+                    println!("installed voice {name} in {}", paths.voices.display());
+                }
             }
             return Ok(());
         }
@@ -67,11 +76,11 @@ fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
         let v: Vec<_> = list
             .iter()
             .map(|v| {
+                let i = v.info();
                 serde_json::json!({
-                    "name": v.name, "language": v.config.language, "sample_rate": v.config.sample_rate,
-                    "quality": v.config.quality, "path": v.model_path,
-                    "speakers": v.config.num_speakers.max(1),
-                    "speaker_names": v.config.speakers().into_iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                    "name": v.name, "family": i.family, "language": i.language,
+                    "gender": i.gender, "sample_rate": i.sample_rate,
+                    "quality": i.quality, "path": v.model_path(),
                 })
             })
             .collect();
@@ -83,17 +92,20 @@ fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
         );
     } else {
         println!(
-            "{:<28} {:<8} {:>6}  {:<8} PATH",
-            "NAME", "LANGUAGE", "RATE", "QUALITY"
+            "{:<20} {:<7} {:<8} {:<7} {:>6}  {:<8} PATH",
+            "NAME", "FAMILY", "LANGUAGE", "GENDER", "RATE", "QUALITY"
         );
         for v in list {
+            let i = v.info();
             println!(
-                "{:<28} {:<8} {:>6}  {:<8} {}",
+                "{:<20} {:<7} {:<8} {:<7} {:>6}  {:<8} {}",
                 v.name,
-                v.config.language,
-                v.config.sample_rate,
-                v.config.quality,
-                v.model_path.display()
+                i.family,
+                i.language,
+                if i.gender.is_empty() { "-" } else { &i.gender },
+                i.sample_rate,
+                if i.quality.is_empty() { "-" } else { &i.quality },
+                v.model_path().display()
             );
         }
     }

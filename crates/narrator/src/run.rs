@@ -34,13 +34,13 @@ struct JobState {
 /// Input limits, and the voice's language: it picks the normalization rules and the
 /// scripts kept.
 pub(crate) fn load_options(t: &TextArgs, voice: &narrator_engine::Voice) -> LoadOptions {
-    let c = &voice.config;
+    let language = voice.info().language;
     LoadOptions {
         max_bytes: t.max_input_mb.saturating_mul(1024 * 1024),
-        language: if c.language.is_empty() {
-            c.espeak_voice.clone()
+        language: if language.is_empty() {
+            voice.family.espeak_voice().to_owned()
         } else {
-            c.language.clone()
+            language
         },
         ..LoadOptions::default()
     }
@@ -55,10 +55,9 @@ pub(crate) fn pauses(t: &TextArgs) -> Pauses {
 }
 
 pub(crate) fn identity_digest(voice: &narrator_engine::Voice) -> String {
-    let size = std::fs::metadata(&voice.model_path)
-        .map(|m| m.len())
-        .unwrap_or(0);
-    format!("{size}:{}", voice.config.raw)
+    voice
+        .family
+        .identity()
         .bytes()
         .fold(0xcbf29ce484222325u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
@@ -132,7 +131,7 @@ async fn produce(
     let scales = engine::scales(eargs, &voice);
     let digest = identity_digest(&voice);
     let speaker = match &eargs.speaker {
-        Some(s) => voice.config.speaker_id(&voice.name, s)?,
+        Some(s) => voice.family.speaker_id(&voice.name, s)?,
         None => 0,
     };
     let plan = plan_job(

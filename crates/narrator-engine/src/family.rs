@@ -1,0 +1,88 @@
+//! Model families: what a family of voice models takes and gives, declared once.
+//!
+//! A [`Family`] is one installed voice of one model family (a Piper/VITS voice file, a
+//! Kokoro-82M voice or blend). It says how its text becomes ids (the espeak-ng voice and
+//! the id map), what its runs accept ([`Capabilities`]: sample rate, how several
+//! utterances share a run, the longest input, whether speed is an input) and how to open
+//! a session ([`Family::open`]). The pipeline, batcher, planner, worker and assembler read
+//! only this; [`crate::voice::Voice::find`] is the one place that names every family.
+
+use std::path::PathBuf;
+
+use crate::{Backend, EngineError, Scales, SessionOptions, runtime::Runtime};
+
+/// How several utterances share one engine run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Batching {
+    /// Padded to the longest and run as one batch, trimmed exactly per item (a run costs
+    /// longest × items).
+    Padded,
+    /// No batch dimension: utterances are packed end to end into one input and the audio
+    /// is cut back at the exact token boundaries the model's durations give (a run costs
+    /// the sum of its items, up to [`Capabilities::max_run_ids`]).
+    Packed,
+    /// One utterance per run.
+    Single,
+}
+
+/// What a family's runs accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Capabilities {
+    /// Output sample rate in Hz.
+    pub sample_rate: u32,
+    /// How utterances share a run.
+    pub batching: Batching,
+    /// Most phonemes one utterance may have (longer ones are cut at words first).
+    pub max_item_phonemes: usize,
+    /// Most ids one run accepts (packed runs: all items together).
+    pub max_run_ids: usize,
+    /// Whether the model takes a speaking rate (`--speed`) and honours it.
+    pub speed: bool,
+}
+
+/// What `narrator voices` shows of a voice.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct VoiceInfo {
+    /// The model family (`piper`, `kokoro`).
+    pub family: &'static str,
+    /// Language code, e.g. `en_US`, `en-gb`.
+    pub language: String,
+    /// `female`, `male`, or empty when the voice does not say.
+    pub gender: String,
+    /// Piper's quality tier (`medium`) or Kokoro's published grade (`A`, `C+`); may be empty.
+    pub quality: String,
+    /// Output sample rate in Hz.
+    pub sample_rate: u32,
+}
+
+/// One installed voice of one model family.
+pub trait Family: Send + Sync + std::fmt::Debug {
+    /// What `narrator voices` lists.
+    fn info(&self) -> VoiceInfo;
+    /// What its runs accept.
+    fn capabilities(&self) -> Capabilities;
+    /// The espeak-ng voice that phonemizes its text.
+    fn espeak_voice(&self) -> &str;
+    /// Maps one utterance's phonemes to the ids one run takes, and lists the phonemes it
+    /// has no id for (skipped). Empty ids: nothing to say.
+    fn phoneme_ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>);
+    /// The inference scales it runs with by default.
+    fn default_scales(&self) -> Scales;
+    /// The speaker id for `given` (a name or a number), or why it has none such.
+    fn speaker_id(&self, voice: &str, given: &str) -> Result<u32, EngineError>;
+    /// A string that changes whenever its audio would (model size, config, style):
+    /// hashed into a job's identity, so resuming never mixes two voices.
+    fn identity(&self) -> String;
+    /// Opens a session on the calling thread.
+    fn open(
+        &self,
+        rt: &'static Runtime,
+        opts: &SessionOptions,
+    ) -> Result<Box<dyn Backend>, EngineError>;
+    /// The model file its sessions load.
+    fn model_path(&self) -> PathBuf;
+    /// The files `narrator voices remove` deletes (none where the voice shares its files
+    /// with others of its family).
+    fn own_files(&self) -> Vec<PathBuf>;
+}

@@ -1,0 +1,792 @@
+//! The Kokoro-82M family: 54 voices in 9 languages, one model, 24 kHz.
+//!
+//! An installation (`narrator voices install kokoro`, `ops/setup.sh --kokoro`) is one
+//! folder, [`DIR`] inside the voices folder:
+//!
+//! - `model.onnx`: `kokoro-v1.0.int8.onnx` (inputs `tokens` int64 `[1, T]` with a 0 at
+//!   each end, `style` float `[1, 256]`, `speed` float `[1]`; output `audio` float `[N]`);
+//! - `vocab.json`: the phoneme vocabulary (`{"vocab": {symbol: id}}`);
+//! - `voices/NAME.bin`: each voice's styles, float32 `[510, 256]`: row `n - 1` is the style
+//!   of an input of `n` ids;
+//! - `install.json`: what was installed, from which packages, with which checksums.
+//!
+//! The model has no batch dimension. Its internal tensor `/encoder/Round_output_0` holds
+//! each token's frame count (the audio is exactly `hop × Σ max(d, 1)` samples, hop = 600),
+//! so [`KokoroEngine`] exposes it as an output at load time and packs several utterances
+//! end to end into one run, cutting the audio back at their exact token boundaries.
+//!
+//! A voice may be a blend, `af_bella:2+af_sky:1`: the weighted average of the parents'
+//! styles ([`VoiceSpec`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ort::session::{RunOptions, Session};
+use ort::value::Tensor;
+
+use crate::family::{Batching, Capabilities, Family, VoiceInfo};
+use crate::piper::{ArenaPolicy, Opened, SessionOptions, open_session, ort_err};
+use crate::runtime::Runtime;
+use crate::splice::{self, Dim};
+use crate::voice::MAX_ITEM_PHONEMES;
+use crate::{Backend, BatchOutput, Device, EngineError, Scales};
+
+/// The installation's folder inside the voices folder.
+pub const DIR: &str = "kokoro";
+/// Output sample rate.
+pub const SAMPLE_RATE: u32 = 24_000;
+/// Most ids between the two boundary zeros of one run.
+pub const MAX_RUN_IDS: usize = 510;
+/// Width of a style vector.
+pub const STYLE_DIM: usize = 256;
+/// Rows of a voice file (one style per input length).
+pub const STYLE_ROWS: usize = 510;
+/// The internal tensor with each token's frame count.
+pub const DURATIONS_TENSOR: &str = "/encoder/Round_output_0";
+/// The vocabulary's word separator, put between packed utterances.
+const SPACE: &str = " ";
+
+/// The 54 voices of Kokoro v1.0: name and published overall grade (empty where none was
+/// published). The first letter is the language, the second the gender.
+pub const VOICES: &[(&str, &str)] = &[
+    ("af_heart", "A"),
+    ("af_alloy", "C"),
+    ("af_aoede", "C+"),
+    ("af_bella", "A-"),
+    ("af_jessica", "D"),
+    ("af_kore", "C+"),
+    ("af_nicole", "B-"),
+    ("af_nova", "C"),
+    ("af_river", "D"),
+    ("af_sarah", "C+"),
+    ("af_sky", "C-"),
+    ("am_adam", "F+"),
+    ("am_echo", "D"),
+    ("am_eric", "D"),
+    ("am_fenrir", "C+"),
+    ("am_liam", "D"),
+    ("am_michael", "C+"),
+    ("am_onyx", "D"),
+    ("am_puck", "C+"),
+    ("am_santa", "D-"),
+    ("bf_alice", "D"),
+    ("bf_emma", "B-"),
+    ("bf_isabella", "C"),
+    ("bf_lily", "D"),
+    ("bm_daniel", "D"),
+    ("bm_fable", "C"),
+    ("bm_george", "C"),
+    ("bm_lewis", "D+"),
+    ("ef_dora", ""),
+    ("em_alex", ""),
+    ("em_santa", ""),
+    ("ff_siwis", "B-"),
+    ("hf_alpha", "C"),
+    ("hf_beta", "C"),
+    ("hm_omega", "C"),
+    ("hm_psi", "C"),
+    ("if_sara", "C"),
+    ("im_nicola", "C"),
+    ("jf_alpha", "C+"),
+    ("jf_gongitsune", "C"),
+    ("jf_nezumi", "C-"),
+    ("jf_tebukuro", "C"),
+    ("jm_kumo", "C-"),
+    ("pf_dora", ""),
+    ("pm_alex", ""),
+    ("pm_santa", ""),
+    ("zf_xiaobei", "D"),
+    ("zf_xiaoni", "D"),
+    ("zf_xiaoxiao", "D"),
+    ("zf_xiaoyi", "D"),
+    ("zm_yunjian", "D"),
+    ("zm_yunxi", "D"),
+    ("zm_yunxia", "D"),
+    ("zm_yunyang", "D"),
+];
+
+/// A voice's language: the code shown, and the espeak-ng voice that phonemizes it
+/// (`None`: no G2P narrator has serves it).
+fn language(voice: &str) -> (&'static str, Option<&'static str>) {
+    match voice.as_bytes().first() {
+        Some(b'a') => ("en-US", Some("en-us")),
+        Some(b'b') => ("en-GB", Some("en-gb-x-rp")),
+        Some(b'e') => ("es", Some("es")),
+        Some(b'f') => ("fr-FR", Some("fr")),
+        Some(b'h') => ("hi", Some("hi")),
+        Some(b'i') => ("it", Some("it")),
+        Some(b'p') => ("pt-BR", Some("pt-br")),
+        Some(b'j') => ("ja", None),
+        Some(b'z') => ("zh", None),
+        _ => ("", None),
+    }
+}
+
+fn gender(voice: &str) -> &'static str {
+    match voice.as_bytes().get(1) {
+        Some(b'f') => "female",
+        Some(b'm') => "male",
+        _ => "",
+    }
+}
+
+fn grade(voice: &str) -> &'static str {
+    VOICES
+        .iter()
+        .find(|(n, _)| *n == voice)
+        .map_or("", |(_, g)| g)
+}
+
+fn is_voice(name: &str) -> bool {
+    VOICES.iter().any(|(n, _)| *n == name)
+}
+
+/// A Kokoro voice or blend as asked for: `af_heart`, `af_bella:2+af_sky:1`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VoiceSpec {
+    /// Each parent and its weight (> 0), in the order given.
+    pub parts: Vec<(String, f32)>,
+}
+
+impl VoiceSpec {
+    /// Parses a voice name: `Ok(None)` when it is no Kokoro voice (another family's, or
+    /// unknown), an error when it is a blend that cannot be made.
+    pub fn parse(name: &str) -> Result<Option<Self>, EngineError> {
+        let blend = name.contains('+') || name.contains(':');
+        let bad = |reason: String| EngineError::BadBlend {
+            given: name.to_string(),
+            reason,
+        };
+        let mut parts = Vec::new();
+        for part in name.split('+').map(str::trim) {
+            let (voice, weight) = match part.split_once(':') {
+                Some((v, w)) => {
+                    let w: f32 = w.trim().parse().map_err(|_| {
+                        bad(format!("the weight of `{v}` is `{w}`, not a number"))
+                    })?;
+                    (v.trim(), w)
+                }
+                None => (part, 1.0),
+            };
+            if !is_voice(voice) {
+                if !blend {
+                    return Ok(None);
+                }
+                return Err(bad(format!(
+                    "`{voice}` is not a Kokoro voice (blends mix Kokoro voices; `narrator voices` lists them)"
+                )));
+            }
+            if !(weight.is_finite() && weight > 0.0) {
+                return Err(bad(format!(
+                    "the weight of `{voice}` must be a positive number"
+                )));
+            }
+            if parts.iter().any(|(v, _)| v == voice) {
+                return Err(bad(format!("`{voice}` is named twice")));
+            }
+            parts.push((voice.to_string(), weight));
+        }
+        Ok(Some(Self { parts }))
+    }
+
+    /// The voice whose language and gender the blend takes (the heaviest; the first of equals).
+    pub fn lead(&self) -> &str {
+        let mut best = &self.parts[0];
+        for p in &self.parts[1..] {
+            if p.1 > best.1 {
+                best = p;
+            }
+        }
+        &best.0
+    }
+}
+
+impl std::fmt::Display for VoiceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let [(v, _)] = self.parts.as_slice() {
+            return f.write_str(v);
+        }
+        let parts: Vec<String> = self.parts.iter().map(|(v, w)| format!("{v}:{w}")).collect();
+        f.write_str(&parts.join("+"))
+    }
+}
+
+/// The vocabulary: one id per phoneme symbol.
+#[derive(Debug, Clone)]
+pub struct Vocab(std::collections::HashMap<String, i64>);
+
+impl Vocab {
+    /// Reads `vocab.json` (`{"vocab": {symbol: id}}`).
+    pub fn load(path: &Path) -> Result<Self, EngineError> {
+        let text = std::fs::read_to_string(path).map_err(|source| EngineError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let bad = |reason: &str| EngineError::VoiceConfig {
+            path: path.to_path_buf(),
+            reason: reason.to_string(),
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(&format!("not valid JSON ({e})")))?;
+        let map = json
+            .get("vocab")
+            .and_then(|v| v.as_object())
+            .ok_or_else(|| bad("no `vocab` object"))?;
+        let mut out = std::collections::HashMap::with_capacity(map.len());
+        for (symbol, id) in map {
+            let id = id
+                .as_i64()
+                .filter(|&i| i > 0)
+                .ok_or_else(|| bad(&format!("the id of {symbol:?} is not a positive integer")))?;
+            out.insert(symbol.clone(), id);
+        }
+        if !out.contains_key(SPACE) {
+            return Err(bad("no id for the space"));
+        }
+        Ok(Self(out))
+    }
+
+    /// The ids of `phonemes` (each symbol, or each character of a longer one), and the
+    /// symbols it has no id for.
+    pub fn ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>) {
+        let mut ids = Vec::with_capacity(phonemes.len());
+        let mut unknown = Vec::new();
+        for p in phonemes {
+            if let Some(&id) = self.0.get(p) {
+                ids.push(id);
+                continue;
+            }
+            for c in p.chars() {
+                let mut b = [0u8; 4];
+                match self.0.get(c.encode_utf8(&mut b) as &str) {
+                    Some(&id) => ids.push(id),
+                    None => unknown.push(c.to_string()),
+                }
+            }
+        }
+        (ids, unknown)
+    }
+
+    fn space(&self) -> i64 {
+        self.0.get(SPACE).copied().unwrap_or(16)
+    }
+}
+
+/// A Kokoro voice (or blend) of an installation, with its styles loaded.
+#[derive(Debug, Clone)]
+pub struct KokoroVoice {
+    dir: PathBuf,
+    spec: VoiceSpec,
+    espeak_voice: &'static str,
+    vocab: Arc<Vocab>,
+    styles: Arc<Vec<f32>>,
+}
+
+/// The files of an installation that must be there.
+fn require(dir: &Path, file: &str, voice: &str) -> Result<PathBuf, EngineError> {
+    let path = dir.join(file);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(EngineError::NotInstalled {
+            voice: voice.to_string(),
+            missing: path,
+        })
+    }
+}
+
+/// Reads one voice file: float32 `[510, 256]`, little-endian.
+fn read_styles(path: &Path) -> Result<Vec<f32>, EngineError> {
+    let bytes = std::fs::read(path).map_err(|source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if bytes.len() != STYLE_ROWS * STYLE_DIM * 4 {
+        return Err(EngineError::VoiceConfig {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{} bytes, where a Kokoro voice has {} ([{STYLE_ROWS}, {STYLE_DIM}] float32)",
+                bytes.len(),
+                STYLE_ROWS * STYLE_DIM * 4
+            ),
+        });
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+impl KokoroVoice {
+    /// Opens `spec` from the installation in `dir`: its styles (a blend's weighted
+    /// average) and the vocabulary. Voices whose language narrator cannot phonemize are
+    /// refused here, with why.
+    pub fn open(dir: &Path, spec: &VoiceSpec) -> Result<Self, EngineError> {
+        let name = spec.to_string();
+        let lead = spec.lead();
+        let (code, espeak) = language(lead);
+        let Some(espeak_voice) = espeak else {
+            return Err(EngineError::UnsupportedLanguage {
+                voice: name,
+                language: code.to_string(),
+            });
+        };
+        require(dir, "model.onnx", &name)?;
+        let vocab = Vocab::load(&require(dir, "vocab.json", &name)?)?;
+        let total: f32 = spec.parts.iter().map(|(_, w)| w).sum();
+        let mut styles = vec![0f32; STYLE_ROWS * STYLE_DIM];
+        for (voice, weight) in &spec.parts {
+            let path = require(dir, &format!("voices/{voice}.bin"), &name)?;
+            let one = read_styles(&path)?;
+            let w = weight / total;
+            for (s, x) in styles.iter_mut().zip(one) {
+                *s += w * x;
+            }
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            spec: spec.clone(),
+            espeak_voice,
+            vocab: Arc::new(vocab),
+            styles: Arc::new(styles),
+        })
+    }
+
+    /// The style row for an input of `n` ids.
+    pub fn style(&self, n: usize) -> &[f32] {
+        style_row(&self.styles, n)
+    }
+}
+
+fn style_row(styles: &[f32], n: usize) -> &[f32] {
+    let row = n.clamp(1, STYLE_ROWS) - 1;
+    &styles[row * STYLE_DIM..(row + 1) * STYLE_DIM]
+}
+
+impl Family for KokoroVoice {
+    fn info(&self) -> VoiceInfo {
+        let lead = self.spec.lead();
+        let blend = self.spec.parts.len() > 1;
+        let genders: std::collections::BTreeSet<&str> =
+            self.spec.parts.iter().map(|(v, _)| gender(v)).collect();
+        VoiceInfo {
+            family: "kokoro",
+            language: language(lead).0.to_string(),
+            gender: if genders.len() == 1 {
+                gender(lead).to_string()
+            } else {
+                "mixed".to_string()
+            },
+            quality: if blend {
+                "blend".to_string()
+            } else {
+                grade(lead).to_string()
+            },
+            sample_rate: SAMPLE_RATE,
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            sample_rate: SAMPLE_RATE,
+            batching: Batching::Packed,
+            max_item_phonemes: MAX_ITEM_PHONEMES,
+            max_run_ids: MAX_RUN_IDS,
+            speed: true,
+        }
+    }
+
+    fn espeak_voice(&self) -> &str {
+        self.espeak_voice
+    }
+
+    fn phoneme_ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>) {
+        let (mut ids, unknown) = self.vocab.ids(phonemes);
+        // Nothing but spaces and punctuation: nothing to say.
+        let space = self.vocab.space();
+        while ids.last() == Some(&space) {
+            ids.pop();
+        }
+        if ids.iter().all(|&i| i == space || i <= 15) {
+            ids.clear();
+        }
+        ids.truncate(MAX_RUN_IDS);
+        (ids, unknown)
+    }
+
+    fn default_scales(&self) -> Scales {
+        Scales {
+            noise: 0.0,
+            length: 1.0,
+            noise_w: 0.0,
+        }
+    }
+
+    fn speaker_id(&self, voice: &str, given: &str) -> Result<u32, EngineError> {
+        Err(EngineError::UnknownSpeaker {
+            voice: voice.to_string(),
+            given: given.to_string(),
+            speakers: "one (Kokoro voices have one speaker each; blend voices with `a:2+b:1` instead)"
+                .into(),
+        })
+    }
+
+    fn identity(&self) -> String {
+        let size = std::fs::metadata(self.dir.join("model.onnx"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        // The styles themselves: a reinstalled or edited voice file is another voice.
+        let style_hash = self.styles.iter().fold(0xcbf29ce484222325u64, |h, x| {
+            (h ^ u64::from(x.to_bits())).wrapping_mul(0x100000001b3)
+        });
+        format!("kokoro:{size}:{}:{style_hash:x}", self.spec)
+    }
+
+    fn open(
+        &self,
+        rt: &'static Runtime,
+        opts: &SessionOptions,
+    ) -> Result<Box<dyn Backend>, EngineError> {
+        Ok(Box::new(KokoroEngine::load(
+            rt,
+            &self.dir.join("model.onnx"),
+            self.styles.clone(),
+            self.vocab.space(),
+            opts,
+        )?))
+    }
+
+    fn model_path(&self) -> PathBuf {
+        self.dir.join("model.onnx")
+    }
+
+    fn own_files(&self) -> Vec<PathBuf> {
+        Vec::new()
+    }
+}
+
+/// Every voice of the installation in `dir` whose files are there (none if it is not
+/// installed), in the catalog's order.
+pub fn list(dir: &Path) -> Vec<crate::Voice> {
+    if !dir.join("model.onnx").is_file() {
+        return Vec::new();
+    }
+    let Ok(vocab) = Vocab::load(&dir.join("vocab.json")) else {
+        return Vec::new();
+    };
+    let vocab = Arc::new(vocab);
+    VOICES
+        .iter()
+        .filter(|(name, _)| dir.join(format!("voices/{name}.bin")).is_file())
+        .map(|(name, _)| {
+            let spec = VoiceSpec {
+                parts: vec![(name.to_string(), 1.0)],
+            };
+            // Listing reads no style files: they load when the voice is used.
+            crate::Voice {
+                name: name.to_string(),
+                family: Arc::new(KokoroVoice {
+                    dir: dir.to_path_buf(),
+                    spec,
+                    espeak_voice: language(name).1.unwrap_or(""),
+                    vocab: vocab.clone(),
+                    styles: Arc::new(Vec::new()),
+                }),
+            }
+        })
+        .collect()
+}
+
+/// One Kokoro session with one voice's styles.
+pub struct KokoroEngine {
+    session: Session,
+    plain: RunOptions,
+    shrinking: RunOptions,
+    arena: Arc<ArenaPolicy>,
+    styles: Arc<Vec<f32>>,
+    space: i64,
+    has_durations: bool,
+    device: Device,
+}
+
+impl std::fmt::Debug for KokoroEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KokoroEngine")
+            .field("has_durations", &self.has_durations)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+/// One run's audio and each token's frame count (when the graph gives them).
+struct RunOutput {
+    audio: Vec<f32>,
+    frames: Option<Vec<f32>>,
+}
+
+impl KokoroEngine {
+    /// Reads the model, exposes its durations and creates a session (call from the thread
+    /// that will run it).
+    pub fn load(
+        rt: &Runtime,
+        model_path: &Path,
+        styles: Arc<Vec<f32>>,
+        space: i64,
+        opts: &SessionOptions,
+    ) -> Result<Self, EngineError> {
+        let mut bytes = std::fs::read(model_path).map_err(|source| EngineError::Io {
+            path: model_path.to_path_buf(),
+            source,
+        })?;
+        if styles.len() != STYLE_ROWS * STYLE_DIM {
+            return Err(EngineError::VoiceConfig {
+                path: model_path.to_path_buf(),
+                reason: "the voice's styles were not loaded".into(),
+            });
+        }
+        let has_durations = splice::mentions(&bytes, DURATIONS_TENSOR);
+        if has_durations {
+            splice::append_float_output(
+                &mut bytes,
+                DURATIONS_TENSOR,
+                &[Dim::Fixed(1), Dim::Named("tokens")],
+            );
+        }
+        let Opened {
+            session,
+            plain,
+            shrinking,
+            device,
+        } = open_session(rt, &bytes, opts, "loading the Kokoro model")?;
+        Ok(Self {
+            session,
+            plain,
+            shrinking,
+            arena: opts.cpu_arena.clone(),
+            styles,
+            space,
+            has_durations,
+            device,
+        })
+    }
+
+    /// One model run over `ids` (without the boundary zeros).
+    fn run(&mut self, ids: &[i64], speed: f32) -> Result<RunOutput, EngineError> {
+        let n = ids.len();
+        let mut tokens = Vec::with_capacity(n + 2);
+        tokens.push(0);
+        tokens.extend_from_slice(ids);
+        tokens.push(0);
+        let style = style_row(&self.styles, n).to_vec();
+        let mk = ort_err("building input tensors");
+        let inputs = ort::inputs![
+            "tokens" => Tensor::from_array(([1usize, n + 2], tokens)).map_err(&mk)?,
+            "style" => Tensor::from_array(([1usize, STYLE_DIM], style)).map_err(&mk)?,
+            "speed" => Tensor::from_array(([1usize], vec![speed])).map_err(&mk)?,
+        ];
+        let device = self.device;
+        let options = if self.arena.shrink_after(n + 2) {
+            &self.shrinking
+        } else {
+            &self.plain
+        };
+        let outputs = self
+            .session
+            .run_with_options(inputs, options)
+            .map_err(|e| {
+                let detail = e.to_string();
+                if crate::is_allocation_failure(&detail) {
+                    EngineError::OutOfMemory {
+                        device,
+                        items: 1,
+                        tokens: n + 2,
+                        detail,
+                    }
+                } else {
+                    ort_err("running the Kokoro model")(e)
+                }
+            })?;
+        let (_, wave) = outputs["audio"]
+            .try_extract_tensor::<f32>()
+            .map_err(ort_err("reading the audio output"))?;
+        let frames = if self.has_durations {
+            let (_, d) = outputs[DURATIONS_TENSOR]
+                .try_extract_tensor::<f32>()
+                .map_err(ort_err("reading the durations"))?;
+            Some(d.to_vec())
+        } else {
+            None
+        };
+        Ok(RunOutput {
+            audio: wave.to_vec(),
+            frames,
+        })
+    }
+}
+
+/// Groups items (by id count) into packed runs: in order, each run's ids plus one
+/// separator between items within `max_ids`; an item over it alone runs alone.
+pub fn pack(lens: &[usize], max_ids: usize) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    let mut used = 0;
+    for (i, &len) in lens.iter().enumerate() {
+        let need = if i == start { len } else { used + 1 + len };
+        if i > start && need > max_ids {
+            runs.push(start..i);
+            start = i;
+            used = len;
+        } else {
+            used = need;
+        }
+    }
+    if start < lens.len() {
+        runs.push(start..lens.len());
+    }
+    runs
+}
+
+/// Where each packed item's audio ends, in samples: item `k` owns its ids, the separator
+/// after it, the leading boundary zero (the first item) and the trailing one (the last).
+/// `frames` has one count per token of `[0, item, sep, item, ..., 0]`; a token lasts
+/// `max(d, 1)` frames of `hop` samples.
+pub fn cut_points(lens: &[usize], frames: &[f32], hop: usize) -> Vec<usize> {
+    let per_token = |f: &f32| (f.max(1.0) as usize) * hop;
+    let mut ends = Vec::with_capacity(lens.len());
+    let mut token = 0; // index into frames
+    let mut at = 0usize;
+    for (k, &len) in lens.iter().enumerate() {
+        // The first item also owns the leading zero; every item but the last its separator.
+        let mut owned = len + usize::from(k == 0) + 1;
+        if k + 1 == lens.len() {
+            owned = frames.len().saturating_sub(token);
+        }
+        for f in frames.iter().skip(token).take(owned) {
+            at += per_token(f);
+        }
+        token += owned;
+        ends.push(at);
+    }
+    ends
+}
+
+impl Backend for KokoroEngine {
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn supports_batching(&self) -> bool {
+        self.has_durations
+    }
+
+    fn synthesize(&mut self, items: &[&[i64]], scales: Scales) -> Result<BatchOutput, EngineError> {
+        if let Some(index) = items.iter().position(|i| i.is_empty()) {
+            return Err(EngineError::EmptyItem { index });
+        }
+        let started = Instant::now();
+        // The length scale is the inverse of the model's speaking rate.
+        let speed = (1.0 / scales.length.max(0.05)).clamp(0.25, 4.0);
+        let lens: Vec<usize> = items.iter().map(|i| i.len().min(MAX_RUN_IDS)).collect();
+        let runs = if self.has_durations {
+            pack(&lens, MAX_RUN_IDS)
+        } else {
+            (0..items.len()).map(|i| i..i + 1).collect()
+        };
+        let mut audio = Vec::with_capacity(items.len());
+        for run in runs {
+            let members = &items[run.clone()];
+            if let [one] = members {
+                audio.push(self.run(&one[..one.len().min(MAX_RUN_IDS)], speed)?.audio);
+                continue;
+            }
+            let mut ids = Vec::with_capacity(MAX_RUN_IDS);
+            for (k, it) in members.iter().enumerate() {
+                if k > 0 {
+                    ids.push(self.space);
+                }
+                ids.extend_from_slice(it);
+            }
+            let out = self.run(&ids, speed)?;
+            let frames = out.frames.unwrap_or_default();
+            let total_frames: f32 = frames.iter().map(|f| f.max(1.0)).sum();
+            let hop = if total_frames > 0.0 {
+                (out.audio.len() as f32 / total_frames).round() as usize
+            } else {
+                0
+            };
+            let ends = cut_points(&lens[run], &frames, hop);
+            let mut from = 0;
+            for end in ends {
+                let end = end.min(out.audio.len());
+                audio.push(out.audio[from.min(end)..end].to_vec());
+                from = end;
+            }
+        }
+        Ok(BatchOutput {
+            audio,
+            inference_seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blends_parse_with_weights_and_bad_ones_say_why() {
+        let s = VoiceSpec::parse("af_bella:2+af_sky:1").expect("ok").expect("kokoro");
+        assert_eq!(
+            s.parts,
+            vec![("af_bella".into(), 2.0), ("af_sky".into(), 1.0)]
+        );
+        assert_eq!(s.to_string(), "af_bella:2+af_sky:1");
+        assert_eq!(s.lead(), "af_bella");
+        let one = VoiceSpec::parse("af_heart").expect("ok").expect("kokoro");
+        assert_eq!(one.to_string(), "af_heart");
+        assert_eq!(VoiceSpec::parse("en_US-joe-medium").expect("ok"), None);
+        for (bad, says) in [
+            ("af_bella+en_US-joe-medium", "not a Kokoro voice"),
+            ("af_bella:x+af_sky", "not a number"),
+            ("af_bella:0+af_sky", "positive"),
+            ("af_bella+af_bella", "twice"),
+        ] {
+            let e = VoiceSpec::parse(bad).expect_err(bad);
+            assert!(e.to_string().contains(says), "{bad}: {e}");
+            assert_eq!(e.kind(), "bad_blend");
+        }
+    }
+
+    #[test]
+    fn every_voice_has_a_language_and_a_gender() {
+        assert_eq!(VOICES.len(), 54);
+        for (v, _) in VOICES {
+            assert!(!language(v).0.is_empty(), "{v}");
+            assert!(!gender(v).is_empty(), "{v}");
+        }
+        assert_eq!(language("jf_alpha").1, None);
+        assert_eq!(language("zf_xiaobei").1, None);
+        assert_eq!(language("ff_siwis").1, Some("fr"));
+    }
+
+    #[test]
+    fn packing_fills_runs_in_order_within_the_limit() {
+        assert_eq!(pack(&[100, 200, 300, 50], 400), vec![0..2, 2..4]);
+        // An item over the limit runs alone.
+        assert_eq!(pack(&[10, 600, 10], 400), vec![0..1, 1..2, 2..3]);
+        assert_eq!(pack(&[], 400), Vec::<std::ops::Range<usize>>::new());
+        // Separators count: 200 + 1 + 200 > 400.
+        assert_eq!(pack(&[200, 200], 400), vec![0..1, 1..2]);
+    }
+
+    #[test]
+    fn cuts_follow_each_items_tokens() {
+        // [0, a, a, sep, b, 0]: item 0 owns 0, a, a, sep; item 1 owns b, 0.
+        let frames = [2.0, 3.0, 0.0, 1.0, 4.0, 5.0];
+        assert_eq!(cut_points(&[2, 1], &frames, 10), vec![70, 160]);
+        // Three items: [0, a, sep, b, sep, c, c, 0].
+        let frames = [1.0, 2.0, 1.0, 3.0, 1.0, 2.0, 2.0, 1.0];
+        assert_eq!(cut_points(&[1, 1, 2], &frames, 1), vec![4, 8, 13]);
+    }
+}
