@@ -44,7 +44,8 @@ pub(crate) struct Global {
         default_value = "auto"
     )]
     pub(crate) ort_build: crate::gpu::OrtBuild,
-    /// Folder of Piper voices (default: DATA_DIR/voices).
+    /// Folder of voices: Piper files and the Kokoro installation `kokoro/` (default:
+    /// DATA_DIR/voices).
     #[arg(long, env = "NARRATOR_VOICES_DIR", global = true)]
     pub(crate) voices_dir: Option<PathBuf>,
     /// Where measured facts such as calibrations are kept (default: DATA_DIR/cache): a
