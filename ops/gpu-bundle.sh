@@ -21,6 +21,9 @@
 #                                     symlink, providers_shared, providers_cuda)
 #   deps/onnxruntime/                 the CPU build, only with --with-cpu-ort
 #   deps/voices/                      en_US-joe-medium.onnx + .onnx.json
+#   deps/voices/kokoro/               Kokoro-82M (model.onnx, vocab.json, install.json) and the
+#                                     voices af_heart, af_bella, af_sky, when installed
+#                                     (ops/setup.sh --kokoro)
 #   deps/espeak-ng-data/              Piper's espeak-ng data, English only (the phoneme
 #                                     tables, en_dict, lang/, voices/; --full-espeak: all)
 #   lib/                              libespeak-ng.so.1 and every library narrator and it
@@ -216,6 +219,17 @@ fi
 link "$DEPS/voices/$VOICE.onnx" "$T/deps/voices/$VOICE.onnx"
 link "$DEPS/voices/$VOICE.onnx.json" "$T/deps/voices/$VOICE.onnx.json"
 [[ -f $DEPS/voices/MODEL_CARD ]] && cp "$DEPS/voices/MODEL_CARD" "$T/deps/voices/"
+# The second model family, for the GPU check's Kokoro steps (three voices: a plain one and
+# a blend's parents).
+if [[ -f $DEPS/voices/kokoro/model.onnx ]]; then
+    mkdir -p "$T/deps/voices/kokoro/voices"
+    for f in model.onnx vocab.json install.json; do
+        link "$DEPS/voices/kokoro/$f" "$T/deps/voices/kokoro/$f"
+    done
+    for v in af_heart af_bella af_sky; do
+        link "$DEPS/voices/kokoro/voices/$v.bin" "$T/deps/voices/kokoro/voices/$v.bin"
+    done
+fi
 (cd "$ESPEAK" && cp -a "${ESPEAK_FILES[@]}" "$T/deps/espeak-ng-data/")
 for name in "${!LIBS[@]}"; do
     cp -L "${LIBS[$name]}" "$T/lib/$name"

@@ -28,6 +28,9 @@
 #                      concurrency search
 #   oom.json           chapter I with --gpu-mem-limit-mib 600 --max-batch 64: must finish
 #   parity-*.wav       one paragraph at noise 0 on the device and on the CPU, compared
+#   kokoro-plan.json, kokoro-book.json, kokoro-bench.json   the Kokoro-82M family (voice
+#                      af_heart) on the device: calibration and plan, chapter I, the bench
+#                      (when the bundle carries Kokoro: ops/setup.sh --kokoro before bundling)
 #   cpu-plan.json, cpu-book.json, cpu-bench.json    the same build with --device cpu
 #   bench-pad1.json, bench-sessions2.json           levers (full mode only)
 #   gpu-samples.csv    nvidia-smi utilization and memory every 0.5 s
@@ -442,6 +445,17 @@ json.dump(v["calibration_full"], open(sys.argv[2], "w"), indent=2)' "$RES/plan.j
         run_step book 240 book.json "${NAR[@]}" run "$BOOK" --out "$SCR/book" --format wav --chapter-files --json --device "$DEV"
     fi
     keep_audio_facts book "$SCR/book"
+
+    # The second model family: batch-1 graph, sentences packed into runs of up to 510 ids.
+    if [[ -f $DATA/voices/kokoro/model.onnx ]]; then
+        run_step kokoro-plan 120 kokoro-plan.json "${NAR[@]}" plan --voice af_heart --device "$DEV" --calibrate always --json
+        run_step kokoro-book 240 kokoro-book.json "${NAR[@]}" run "$CH1" --voice af_heart --out "$SCR/kokoro-book" \
+            --format wav --json --device "$DEV"
+        run_step kokoro-bench 90 kokoro-bench.json "${NAR[@]}" bench --voice af_heart --device "$DEV" --json \
+            --seconds 0.5 --batches 1,4 --max-concurrency 16
+    else
+        skip_step kokoro-plan "the bundle carries no Kokoro (ops/setup.sh --kokoro, then ops/gpu-bundle.sh)"
+    fi
 
     if ((CPU_MODE)); then
         run_step bench 240 bench.json "${NAR[@]}" bench --device "$DEV" --json --seconds 0.3 --batches 1,2 --max-concurrency 2

@@ -791,3 +791,30 @@ fn submit_warns_when_no_worker_serves_the_voice() {
         serde_json::from_slice(&w.ok(&["workers", "--json"]).stdout).expect("json");
     assert_eq!(workers[0]["plan"][0]["voice"], VOICE, "{workers}");
 }
+
+#[test]
+fn one_worker_serves_a_piper_and_a_kokoro_voice_each_at_its_own_rate() {
+    if !root().join(".deps/voices/kokoro/model.onnx").is_file() {
+        panic!("Kokoro missing: run `bash ops/setup.sh --kokoro` first");
+    }
+    let mut w = World::new();
+    let piper = w.book("piper.md", &book_text(1, 2, None));
+    let kokoro = w.book("kokoro.md", &book_text(1, 2, None));
+    // One worker, both families: each voice has its lane and its own plan.
+    w.worker("both", &["--voices", &format!("{VOICE},af_heart")], &[]);
+    let a = w.submit(&piper, &["--format", "wav"]);
+    let b = w.submit(&kokoro, &["--format", "wav", "--voice", "af_heart"]);
+    for (job, voice, rate) in [(a, VOICE, 22_050), (b, "af_heart", 24_000)] {
+        w.wait_state(job, JobState::Done, Duration::from_secs(240));
+        let st = w.status(job);
+        let manifest = w.manifest(job);
+        assert_eq!(manifest["voice"], voice, "{manifest}");
+        let (r, samples) =
+            narrator_audio::decode_wav_bytes(&w.s3_get(&output_key(&st, "book"))).expect("wav");
+        assert_eq!(r, rate, "{voice}");
+        let seconds = samples.len() as f64 / f64::from(r);
+        let want = manifest["book"]["seconds"].as_f64().expect("seconds");
+        assert!((seconds - want).abs() < 0.01, "{voice}: {seconds} vs {want}");
+        assert!(seconds > 2.0, "{voice}: {seconds} s for two sentences");
+    }
+}

@@ -159,6 +159,7 @@ pub fn calibrate(
         points,
         source: narrator_hardware::CalibrationSource::Measured,
         layouts: Vec::new(),
+        layout_reason: String::new(),
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -223,6 +224,10 @@ pub struct LayoutComparison {
     pub many_x: f64,
     /// The slowest round of `many`.
     pub many_worst: f64,
+    /// The slowest and fastest rounds of the synthesizer's pool.
+    pub one_range: (f64, f64),
+    /// The slowest and fastest rounds of `many`.
+    pub many_range: (f64, f64),
     /// Resident memory the first run of the synthesizer's pool added at its peak (arena
     /// growth and working buffers, not its weights), in bytes; `None` where the peak
     /// cannot be read or reset.
@@ -301,11 +306,19 @@ pub fn compare_layouts(
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let many_worst = b.iter().copied().fold(f64::INFINITY, f64::min);
+    let range = |v: &[f64]| {
+        (
+            v.iter().copied().fold(f64::INFINITY, f64::min),
+            v.iter().copied().fold(0.0, f64::max),
+        )
+    };
+    let (one_range, many_range) = (range(&a), range(&b));
     Ok(LayoutComparison {
         one_x: median(a),
         many_x: median(b),
-        many_worst,
+        many_worst: many_range.0,
+        one_range,
+        many_range,
         one_work_bytes,
         many_work_bytes,
     })

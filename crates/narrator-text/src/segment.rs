@@ -24,7 +24,17 @@ const NO_SPLIT_AFTER: &[&str] = &[
 ];
 
 fn is_terminator(c: char) -> bool {
-    matches!(c, '.' | '?' | '!' | '\u{2026}')
+    matches!(c, '.' | '?' | '!' | '\u{2026}') || is_script_terminator(c)
+}
+
+/// Sentence ends of scripts without letter case or spaces after a sentence: the CJK full
+/// stop, full-width `！？．`, the Devanagari danda and double danda. A sentence always
+/// ends after one of them.
+fn is_script_terminator(c: char) -> bool {
+    matches!(
+        c,
+        '\u{3002}' | '\u{ff01}' | '\u{ff1f}' | '\u{ff0e}' | '\u{0964}' | '\u{0965}'
+    )
 }
 
 fn is_closer(c: char) -> bool {
@@ -67,8 +77,20 @@ pub fn split_sentences(text: &str) -> Vec<String> {
             j += 1;
         }
         let single_period = j - term_start == 1 && c == '.';
-        while j < chars.len() && is_closer(chars[j].1) {
+        let script_end = chars[term_start..j].iter().any(|&(_, t)| is_script_terminator(t));
+        while j < chars.len() && (is_closer(chars[j].1) || matches!(chars[j].1, '\u{300d}' | '\u{300f}')) {
             j += 1;
+        }
+        if script_end {
+            let mut k = j;
+            while k < chars.len() && chars[k].1.is_whitespace() {
+                k += 1;
+            }
+            let end_byte = chars.get(j).map_or(text.len(), |x| x.0);
+            push_trimmed(&mut sentences, &text[start_byte..end_byte]);
+            start_byte = chars.get(k).map_or(text.len(), |x| x.0);
+            i = k;
+            continue;
         }
         // Needs whitespace, then a plausible sentence start.
         let mut k = j;
@@ -184,6 +206,22 @@ pub fn cap_sentence(sentence: &str, cap: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn splits_after_the_sentence_ends_of_scripts_without_case_or_spaces() {
+        assert_eq!(
+            split_sentences("今日は晴れです。明日は雨でしょう！本当？"),
+            vec!["今日は晴れです。", "明日は雨でしょう！", "本当？"]
+        );
+        assert_eq!(
+            split_sentences("「行こう。」と彼は言った。"),
+            vec!["「行こう。」", "と彼は言った。"]
+        );
+        assert_eq!(
+            split_sentences("सफेद खरगोश दौड़ता है। वह देर से है॥ अंत"),
+            vec!["सफेद खरगोश दौड़ता है।", "वह देर से है॥", "अंत"]
+        );
+    }
 
     #[test]
     fn splits_on_terminators() {

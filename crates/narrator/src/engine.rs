@@ -52,7 +52,7 @@ impl Loaded {
                 o.insert("calibration".into(), serde_json::json!({
                     "source": c.source, "bytes_per_token": c.bytes_per_token,
                     "fixed_bytes": c.fixed_bytes, "points": c.points.len(), "seconds": c.seconds,
-                        "layouts": c.layouts,
+                        "layouts": c.layouts, "layout_reason": c.layout_reason,
                 }));
             }
         }
@@ -411,6 +411,7 @@ pub(crate) fn load_with(
         (None, Planning::CachedOnly) => None,
         (None, _) => {
             let mut layouts = Vec::new();
+            let mut layout_reason = String::new();
             if auto_layout && on_cpu && sessions >= 2 {
                 // The default (one single-threaded session per core) against one session
                 // on every core: the default stays unless the other is faster by the knee
@@ -435,12 +436,14 @@ pub(crate) fn load_with(
                     intra_threads: cores,
                     throughput: m.one_x,
                     memory_bytes: sum(one_load_bytes, m.one_work_bytes),
+                    range: Some(m.one_range),
                 };
                 let many = narrator_hardware::LayoutPoint {
                     sessions,
                     intra_threads: intra,
                     throughput: m.many_x,
                     memory_bytes: sum(pool_load_bytes, m.many_work_bytes),
+                    range: Some(m.many_range),
                 };
                 let available = match &spec {
                     DeviceSpec::Cpu {
@@ -448,8 +451,13 @@ pub(crate) fn load_with(
                     } => *available_bytes,
                     DeviceSpec::Gpu { .. } => u64::MAX,
                 };
-                let (chosen, why) =
-                    narrator_hardware::choose_layout(&many, &one, available, limits.knee_gain);
+                let (chosen, why) = narrator_hardware::choose_layout(
+                    &many,
+                    &one,
+                    available,
+                    narrator_hardware::LAYOUT_SWITCH_GAIN,
+                );
+                layout_reason = why.clone();
                 let switch = chosen == &one;
                 tracing::info!(
                     one_x = m.one_x,
@@ -514,6 +522,7 @@ pub(crate) fn load_with(
             let mut c = tokio::task::block_in_place(|| calibrate(&synth, &opts))
                 .with_context(|| format!("calibrating voice {name}"))?;
             c.layouts = layouts;
+            c.layout_reason = layout_reason;
             write_cached(&cache, &c);
             Some(c)
         }
