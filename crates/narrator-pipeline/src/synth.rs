@@ -189,10 +189,17 @@ impl Synthesizer {
         *self.budget.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Replaces the batch budget.
+    /// Replaces the batch budget. A packed family's runs hold at most its
+    /// [`Capabilities::max_run_ids`]: a larger budget would hand one session a run of many
+    /// model runs in a row while the others wait (measured on 2 cores: 0.68× the
+    /// throughput of one sentence per run, against 1.24× with runs of one model run).
     pub fn set_budget(&self, budget: Budget) {
+        let cap = match self.caps.batching {
+            Batching::Packed => self.caps.max_run_ids,
+            Batching::Padded | Batching::Single => usize::MAX,
+        };
         *self.budget.lock().unwrap_or_else(|e| e.into_inner()) = Budget {
-            max_tokens: budget.max_tokens.max(1),
+            max_tokens: budget.max_tokens.min(cap).max(1),
             max_requests: budget.max_requests.max(1),
             max_wait: budget.max_wait,
         };

@@ -4,7 +4,7 @@ use anyhow::Context;
 use std::sync::Arc;
 
 use narrator_engine::{
-    ArenaPolicy, Backend, Device, EnginePool, MemoryLimit, PoolOptions, Scales,
+    ArenaPolicy, Backend, Batching, Device, EnginePool, MemoryLimit, PoolOptions, Scales,
     SessionOptions, Voice,
 };
 use narrator_hardware::{
@@ -128,6 +128,9 @@ pub(crate) fn scales(args: &EngineArgs, voice: &Voice) -> Scales {
 
 /// Longest utterance the phonemizer hands the engine (a `--max-batch N` budget is N of them).
 pub(crate) const MAX_ITEM_TOKENS: usize = narrator_pipeline::synth::MAX_PHONEMES + 2;
+
+/// Sentences one packed run may hold (a family without a batch dimension).
+const PACKED_RUN_ITEMS: usize = 16;
 
 /// Sentence-sized calibration items, in padded tokens.
 pub(crate) const ITEM_TOKENS: usize = 128;
@@ -575,6 +578,29 @@ pub(crate) fn load_with(
             "set by --max-batch {n} (the measured plan was: {})",
             plan.reason
         );
+    }
+    let caps = synth.capabilities();
+    if caps.batching == Batching::Packed && synth.pool().supports_batching() {
+        if calibration.is_none() && args.max_batch.is_none() && on_gpu {
+            // No batch dimension: on a GPU, sentences packed end to end into one model run
+            // (cut at their token boundaries) are how one run fills the device. On CPU one
+            // sentence per run stays the default: packing measured 7 % slower on 2 cores
+            // (Kokoro, 300 words: 30.3 s against 28.2 s; docs/BENCHMARKS.md, issue 28).
+            plan.max_batch_tokens = caps.max_run_ids;
+            plan.max_batch_requests = PACKED_RUN_ITEMS;
+            plan.batch_items = PACKED_RUN_ITEMS;
+            plan.prefetch = 2 * PACKED_RUN_ITEMS * sessions + sessions;
+            plan.reason = format!(
+                "no batch dimension: sentences packed into runs of up to {} ids, cut at their exact token boundaries",
+                caps.max_run_ids
+            );
+        } else if plan.max_batch_tokens > caps.max_run_ids {
+            plan.max_batch_tokens = caps.max_run_ids;
+            plan.reason = format!(
+                "{} (runs packed up to the model's {} ids)",
+                plan.reason, caps.max_run_ids
+            );
+        }
     }
     if !synth.pool().supports_batching() {
         plan.max_batch_requests = 1;
