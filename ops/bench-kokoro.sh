@@ -3,7 +3,7 @@
 # (`--max-batch 1`, the CPU default), narrator packing sentences into runs (`--max-batch
 # 16`, up to 510 ids a run), the reference implementation PyPI kokoro-onnx 0.6.1 given the
 # same model file and voice file, and narrator with the Piper voice (what each family
-# costs), on the same held-out text, interleaved round by round (the order rotates). Each
+# costs) and, when installed, with the fp32 graph (its quality), on the same held-out text, interleaved round by round (the order rotates). Each
 # is one process under /usr/bin/time (start-up and model loading included).
 #
 # Two throughputs, because the tools make different amounts of audio from the same text
@@ -73,6 +73,8 @@ run_one() { # run_one NAME ROUND
             --cache-dir "$WORK/cache" "${NOPAUSE[@]}" --json >"$out/summary.json" 2>/dev/null ;;
         narrator-single) "${TIME[@]}" "$BIN" run "$WORK/text.txt" --voice "$VOICE" --format wav --out "$out" \
             --cache-dir "$WORK/cache" --max-batch 1 "${NOPAUSE[@]}" --json >"$out/summary.json" 2>/dev/null ;;
+        narrator-fp32) NARRATOR_KOKORO_GRAPH=fp32 "${TIME[@]}" "$BIN" run "$WORK/text.txt" --voice "$VOICE" --format wav --out "$out" \
+            --cache-dir "$WORK/cache" --max-batch 1 "${NOPAUSE[@]}" --json >"$out/summary.json" 2>/dev/null ;;
         narrator-packed) "${TIME[@]}" "$BIN" run "$WORK/text.txt" --voice "$VOICE" --format wav --out "$out" \
             --cache-dir "$WORK/cache" --max-batch 16 "${NOPAUSE[@]}" --json >"$out/summary.json" 2>/dev/null ;;
         kokoro-onnx) "${TIME[@]}" "$VENV/bin/python" ops/bench/kokoro_ref.py synth "$MODEL" "$VOICE_BIN" \
@@ -84,9 +86,12 @@ run_one() { # run_one NAME ROUND
     echo "  round $round $name: $wall s wall, $audio s audio, peak RSS $((rss / 1024)) MiB"
 }
 NAMES=(narrator-single narrator-packed kokoro-onnx narrator-piper)
+# The fp32 graph (made by `ops/setup.sh --kokoro --gpu`), when installed: its quality on
+# the CPU against the int8 graph's.
+[[ -f .deps/voices/kokoro/model.fp32.onnx ]] && NAMES+=(narrator-fp32)
 for r in $(seq 1 "$ROUNDS"); do
-    for k in 0 1 2 3; do
-        run_one "${NAMES[$(((k + r) % 4))]}" "$r"
+    for k in $(seq 0 $((${#NAMES[@]} - 1))); do
+        run_one "${NAMES[$(((k + r) % ${#NAMES[@]}))]}" "$r"
     done
 done
 echo "bench-kokoro: word error rate of PocketSphinx on round $ROUNDS's outputs (the Piper voice's too)"
@@ -99,7 +104,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 runs = [r for r in rows if "wall" in r]
 wer = {r["name"]: r["wer"] for r in rows if "wer" in r}
-names = ["narrator-single", "narrator-packed", "kokoro-onnx", "narrator-piper"]
+names = [n for n in ["narrator-single", "narrator-packed", "kokoro-onnx", "narrator-piper", "narrator-fp32"]
+         if any(r["name"] == n for r in runs)]
 med = statistics.median
 by = {n: {r["round"]: r for r in runs if r["name"] == n} for n in names}
 ref = by["kokoro-onnx"]

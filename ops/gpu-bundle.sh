@@ -21,7 +21,7 @@
 #                                     symlink, providers_shared, providers_cuda)
 #   deps/onnxruntime/                 the CPU build, only with --with-cpu-ort
 #   deps/voices/                      en_US-joe-medium.onnx + .onnx.json
-#   deps/voices/kokoro/               Kokoro-82M (model.onnx, vocab.json, install.json) and the
+#   deps/voices/kokoro/               Kokoro-82M (model.onnx, model.fp32.onnx, vocab.json, install.json) and the
 #                                     voices af_heart, af_bella, af_sky, when installed
 #                                     (ops/setup.sh --kokoro)
 #   deps/espeak-ng-data/              Piper's espeak-ng data, English only (the phoneme
@@ -226,6 +226,9 @@ if [[ -f $DEPS/voices/kokoro/model.onnx ]]; then
     for f in model.onnx vocab.json install.json; do
         link "$DEPS/voices/kokoro/$f" "$T/deps/voices/kokoro/$f"
     done
+    # The fp32 graph CUDA runs (ops/setup.sh --kokoro --gpu); without it the int8 graph
+    # would run its integer kernels on the CPU.
+    [[ -f $DEPS/voices/kokoro/model.fp32.onnx ]] && link "$DEPS/voices/kokoro/model.fp32.onnx" "$T/deps/voices/kokoro/model.fp32.onnx"
     for v in af_heart af_bella af_sky; do
         link "$DEPS/voices/kokoro/voices/$v.bin" "$T/deps/voices/kokoro/voices/$v.bin"
     done

