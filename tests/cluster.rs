@@ -800,13 +800,20 @@ fn one_worker_serves_a_piper_and_a_kokoro_voice_each_at_its_own_rate() {
     let mut w = World::new();
     let piper = w.book("piper.md", &book_text(1, 2, None));
     let kokoro = w.book("kokoro.md", &book_text(1, 2, None));
-    // One worker, both families: each voice has its lane and its own plan.
-    w.worker("both", &["--voices", &format!("{VOICE},af_heart")], &[]);
+    // One worker, both families: each voice has its lane and its own plan (the defaults:
+    // calibrating Kokoro on this CPU takes over a minute, and plans are tested elsewhere).
+    w.worker(
+        "both",
+        &["--voices", &format!("{VOICE},af_heart"), "--calibrate", "cached"],
+        &[],
+    );
     let a = w.submit(&piper, &["--format", "wav"]);
     let b = w.submit(&kokoro, &["--format", "wav", "--voice", "af_heart"]);
     for (job, voice, rate) in [(a, VOICE, 22_050), (b, "af_heart", 24_000)] {
         w.wait_state(job, JobState::Done, Duration::from_secs(240));
         let st = w.status(job);
+        let family = if rate == 24_000 { "kokoro" } else { "piper" };
+        assert_eq!(st["family"], family, "{st}");
         let manifest = w.manifest(job);
         assert_eq!(manifest["voice"], voice, "{manifest}");
         let (r, samples) =

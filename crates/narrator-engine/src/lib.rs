@@ -27,7 +27,7 @@ pub use pool::{EnginePool, PoolOptions};
 pub use runtime::{Runtime, load_runtime};
 pub use family::{Batching, Capabilities, Family, VoiceInfo};
 pub use kokoro::{KokoroEngine, KokoroVoice};
-pub use voice::{MAX_ITEM_PHONEMES, PiperVoice, Scales, Voice, VoiceConfig, list_voices};
+pub use voice::{MAX_ITEM_PHONEMES, family_of, PiperVoice, Scales, Voice, VoiceConfig, list_voices};
 
 /// A synthesis backend: synchronous, owned by one engine thread.
 pub trait Backend: Send {

@@ -244,6 +244,16 @@ impl Voice {
     }
 }
 
+/// The family a voice name belongs to, from the name alone (for status lines and
+/// figures, where the voice may not be installed): `kokoro` for a Kokoro voice or blend,
+/// else `piper`.
+pub fn family_of(name: &str) -> &'static str {
+    match crate::kokoro::VoiceSpec::parse(name) {
+        Ok(Some(_)) | Err(_) => "kokoro",
+        Ok(None) => "piper",
+    }
+}
+
 /// Phonemes per utterance before a cut at a word (VITS quality and memory degrade on very
 /// long inputs; Kokoro takes at most 510 ids and sounds rushed near that).
 pub const MAX_ITEM_PHONEMES: usize = 400;

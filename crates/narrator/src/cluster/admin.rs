@@ -20,6 +20,7 @@ fn status_json(
     outputs: &[(narrator_db::Output, Option<String>)],
 ) -> serde_json::Value {
     let mut v = serde_json::to_value(st).unwrap_or_default();
+    v["family"] = narrator_engine::family_of(&st.summary.voice).into();
     v["outputs"] = outputs
         .iter()
         .map(|(o, url)| {
@@ -34,7 +35,14 @@ fn status_json(
 
 fn print_status(st: &JobStatus, outputs: &[(narrator_db::Output, Option<String>)]) {
     let s = &st.summary;
-    println!("job {}  {}  ({}, {})", s.job_id, s.title, s.voice, s.format);
+    println!(
+        "job {}  {}  ({} ({}), {})",
+        s.job_id,
+        s.title,
+        s.voice,
+        narrator_engine::family_of(&s.voice),
+        s.format
+    );
     println!(
         "state {}  segments {}/{} ({} failed)  audio {}  rtf {}  wall {} s  latency {} s",
         s.state.as_str(),

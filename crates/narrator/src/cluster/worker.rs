@@ -168,6 +168,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         let mut base = loaded.plan_json();
         // Which voice this plan serves: `submit` warns about voices no worker serves.
         base["voice"] = name.clone().into();
+        base["family"] = narrator_engine::family_of(&name).into();
         let mut synth = loaded.synth;
         if let Ok(needle) = std::env::var("NARRATOR_TEST_FAIL_TEXT") {
             // Fault injection for tests: a segment containing this text fails its batch,
