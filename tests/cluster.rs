@@ -804,7 +804,12 @@ fn one_worker_serves_a_piper_and_a_kokoro_voice_each_at_its_own_rate() {
     // calibrating Kokoro on this CPU takes over a minute, and plans are tested elsewhere).
     w.worker(
         "both",
-        &["--voices", &format!("{VOICE},af_heart"), "--calibrate", "cached"],
+        &[
+            "--voices",
+            &format!("{VOICE},af_heart"),
+            "--calibrate",
+            "cached",
+        ],
         &[],
     );
     let a = w.submit(&piper, &["--format", "wav"]);
@@ -821,7 +826,10 @@ fn one_worker_serves_a_piper_and_a_kokoro_voice_each_at_its_own_rate() {
         assert_eq!(r, rate, "{voice}");
         let seconds = samples.len() as f64 / f64::from(r);
         let want = manifest["book"]["seconds"].as_f64().expect("seconds");
-        assert!((seconds - want).abs() < 0.01, "{voice}: {seconds} vs {want}");
+        assert!(
+            (seconds - want).abs() < 0.01,
+            "{voice}: {seconds} vs {want}"
+        );
         assert!(seconds > 2.0, "{voice}: {seconds} s for two sentences");
     }
 }

@@ -28,7 +28,7 @@ use ort::session::{RunOptions, Session};
 use ort::value::Tensor;
 
 use crate::family::{Batching, Capabilities, Family, VoiceInfo};
-use crate::piper::{ArenaPolicy, Opened, SessionOptions, open_session, ort_err};
+use crate::piper::{ArenaPolicy, Opened, SessionOptions, open_session, ort_err, run_failure};
 use crate::runtime::Runtime;
 use crate::splice::{self, Dim};
 use crate::voice::MAX_ITEM_PHONEMES;
@@ -67,7 +67,11 @@ pub fn graph_for(dir: &Path, device: Device, cuda_available: bool) -> Result<Pat
         Device::Auto => cuda_available,
         Device::Cpu => false,
     };
-    Ok(if on_cuda && fp32.is_file() { fp32 } else { int8 })
+    Ok(if on_cuda && fp32.is_file() {
+        fp32
+    } else {
+        int8
+    })
 }
 
 /// The vocabulary's word separator, put between packed utterances.
@@ -188,9 +192,10 @@ impl VoiceSpec {
         for part in name.split('+').map(str::trim) {
             let (voice, weight) = match part.split_once(':') {
                 Some((v, w)) => {
-                    let w: f32 = w.trim().parse().map_err(|_| {
-                        bad(format!("the weight of `{v}` is `{w}`, not a number"))
-                    })?;
+                    let w: f32 = w
+                        .trim()
+                        .parse()
+                        .map_err(|_| bad(format!("the weight of `{v}` is `{w}`, not a number")))?;
                     (v.trim(), w)
                 }
                 None => (part, 1.0),
@@ -453,8 +458,9 @@ impl Family for KokoroVoice {
         Err(EngineError::UnknownSpeaker {
             voice: voice.to_string(),
             given: given.to_string(),
-            speakers: "one (Kokoro voices have one speaker each; blend voices with `a:2+b:1` instead)"
-                .into(),
+            speakers:
+                "one (Kokoro voices have one speaker each; blend voices with `a:2+b:1` instead)"
+                    .into(),
         })
     }
 
@@ -620,19 +626,7 @@ impl KokoroEngine {
         let outputs = self
             .session
             .run_with_options(inputs, options)
-            .map_err(|e| {
-                let detail = e.to_string();
-                if crate::is_allocation_failure(&detail) {
-                    EngineError::OutOfMemory {
-                        device,
-                        items: 1,
-                        tokens: n + 2,
-                        detail,
-                    }
-                } else {
-                    ort_err("running the Kokoro model")(e)
-                }
-            })?;
+            .map_err(|e| run_failure(e, device, 1, n + 2, "running the Kokoro model"))?;
         let (_, wave) = outputs["audio"]
             .try_extract_tensor::<f32>()
             .map_err(ort_err("reading the audio output"))?;
@@ -762,7 +756,9 @@ mod tests {
 
     #[test]
     fn blends_parse_with_weights_and_bad_ones_say_why() {
-        let s = VoiceSpec::parse("af_bella:2+af_sky:1").expect("ok").expect("kokoro");
+        let s = VoiceSpec::parse("af_bella:2+af_sky:1")
+            .expect("ok")
+            .expect("kokoro");
         assert_eq!(
             s.parts,
             vec![("af_bella".into(), 2.0), ("af_sky".into(), 1.0)]

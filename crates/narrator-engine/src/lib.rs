@@ -20,14 +20,16 @@ pub mod voice;
 
 use std::path::PathBuf;
 
+pub use family::{Batching, Capabilities, Family, VoiceInfo};
+pub use kokoro::{KokoroEngine, KokoroVoice};
 pub use limit::{MemoryLimit, Paced};
 pub use null::NullBackend;
 pub use piper::{ArenaPolicy, CpuArena, PiperEngine, SessionOptions};
 pub use pool::{EnginePool, PoolOptions};
 pub use runtime::{Runtime, load_runtime};
-pub use family::{Batching, Capabilities, Family, VoiceInfo};
-pub use kokoro::{KokoroEngine, KokoroVoice};
-pub use voice::{MAX_ITEM_PHONEMES, family_of, PiperVoice, Scales, Voice, VoiceConfig, list_voices};
+pub use voice::{
+    MAX_ITEM_PHONEMES, PiperVoice, Scales, Voice, VoiceConfig, family_of, list_voices,
+};
 
 /// A synthesis backend: synchronous, owned by one engine thread.
 pub trait Backend: Send {
@@ -169,7 +171,9 @@ pub enum EngineError {
         missing: PathBuf,
     },
     /// A voice whose language narrator cannot phonemize.
-    #[error("voice {voice} reads {language}, which needs a G2P narrator does not have (Kokoro's Japanese and Chinese voices were trained on misaki's pyopenjtalk/pypinyin phonemes, available only in Python); choose a voice of another language (`narrator voices`)")]
+    #[error(
+        "voice {voice} reads {language}, which needs a G2P narrator does not have (Kokoro's Japanese and Chinese voices were trained on misaki's pyopenjtalk/pypinyin phonemes, available only in Python); choose a voice of another language (`narrator voices`)"
+    )]
     UnsupportedLanguage {
         /// The voice asked for.
         voice: String,

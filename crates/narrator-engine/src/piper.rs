@@ -213,6 +213,27 @@ impl PiperEngine {
     }
 }
 
+/// A failed model run: out of memory when the allocator says so (the caller halves its
+/// budget), else the runtime's error.
+pub(crate) fn run_failure(
+    e: ort::Error,
+    device: Device,
+    items: usize,
+    tokens: usize,
+    what: &'static str,
+) -> EngineError {
+    let detail = e.to_string();
+    if crate::is_allocation_failure(&detail) {
+        EngineError::OutOfMemory {
+            device,
+            items,
+            tokens,
+            detail,
+        }
+    } else {
+        ort_err(what)(e)
+    }
+}
 
 /// A session with its run options and the device it runs on.
 pub(crate) struct Opened {
@@ -278,9 +299,7 @@ pub(crate) fn open_session(
             .with_execution_providers(providers)
             .map_err(|e| ort_err("registering the execution providers")(e.into()))?;
     }
-    let session = builder
-        .commit_from_memory(bytes)
-        .map_err(ort_err(what))?;
+    let session = builder.commit_from_memory(bytes).map_err(ort_err(what))?;
     Ok(Opened {
         session,
         plain,
@@ -370,19 +389,7 @@ impl Backend for PiperEngine {
         let outputs = self
             .session
             .run_with_options(inputs, options)
-            .map_err(|e| {
-                let detail = e.to_string();
-                if crate::is_allocation_failure(&detail) {
-                    EngineError::OutOfMemory {
-                        device,
-                        items: b,
-                        tokens: b * t,
-                        detail,
-                    }
-                } else {
-                    ort_err("running the voice model")(e)
-                }
-            })?;
+            .map_err(|e| run_failure(e, device, b, b * t, "running the voice model"))?;
         let (shape, wave) = outputs["output"]
             .try_extract_tensor::<f32>()
             .map_err(ort_err("reading the audio output"))?;

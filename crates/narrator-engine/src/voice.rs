@@ -324,7 +324,11 @@ impl Family for PiperVoice {
     fn phoneme_ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>) {
         let (ids, unknown) = self.ids.ids(phonemes);
         // BOS, PAD, EOS alone: nothing to say.
-        if ids.len() > 3 { (ids, unknown) } else { (Vec::new(), unknown) }
+        if ids.len() > 3 {
+            (ids, unknown)
+        } else {
+            (Vec::new(), unknown)
+        }
     }
 
     fn default_scales(&self) -> Scales {

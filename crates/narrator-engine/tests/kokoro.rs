@@ -25,18 +25,23 @@ fn voice(name: &str) -> Voice {
     Voice::find(&deps().join("voices"), name).expect("kokoro voice")
 }
 
-fn session(v: &Voice) -> Box<dyn Backend> {
-    let d = deps();
-    let rt = load_runtime(&d.join("onnxruntime/libonnxruntime.so.1.32.0")).expect("runtime");
-    let opts = SessionOptions {
+fn runtime() -> &'static narrator_engine::Runtime {
+    load_runtime(&deps().join("onnxruntime/libonnxruntime.so.1.32.0")).expect("runtime")
+}
+
+fn cpu() -> SessionOptions {
+    SessionOptions {
         intra_threads: 2,
         device: Device::Cpu,
         gpu_mem_limit: None,
         spin: false,
         cpu_arena: ArenaPolicy::new(CpuArena::default()),
         pad_multiple: 1,
-    };
-    v.family.open(rt, &opts).expect("session")
+    }
+}
+
+fn session(v: &Voice) -> Box<dyn Backend> {
+    v.family.open(runtime(), &cpu()).expect("session")
 }
 
 /// One id sequence per sentence of `text`, as the pipeline makes them.
@@ -64,7 +69,10 @@ const NORMAL: Scales = Scales {
 fn packed_runs_cut_each_item_where_its_tokens_end() {
     let v = voice("af_heart");
     let mut engine = session(&v);
-    assert!(engine.supports_batching(), "the durations output was not spliced in");
+    assert!(
+        engine.supports_batching(),
+        "the durations output was not spliced in"
+    );
     let items = utterances(
         &v,
         "The rabbit looked at its watch. Then it hurried on, down the long hall! \
@@ -74,21 +82,30 @@ fn packed_runs_cut_each_item_where_its_tokens_end() {
     let refs: Vec<&[i64]> = items.iter().map(Vec::as_slice).collect();
     let singles: Vec<Vec<f32>> = refs
         .iter()
-        .map(|it| engine.synthesize(&[it], NORMAL).expect("single").audio.remove(0))
+        .map(|it| {
+            engine
+                .synthesize(&[it], NORMAL)
+                .expect("single")
+                .audio
+                .remove(0)
+        })
         .collect();
     let packed = engine.synthesize(&refs, NORMAL).expect("packed").audio;
     assert_eq!(packed.len(), 3, "one waveform per item");
     let whole = engine
-        .synthesize(&[&{
-            let mut all = Vec::new();
-            for (k, it) in items.iter().enumerate() {
-                if k > 0 {
-                    all.push(16);
+        .synthesize(
+            &[&{
+                let mut all = Vec::new();
+                for (k, it) in items.iter().enumerate() {
+                    if k > 0 {
+                        all.push(16);
+                    }
+                    all.extend_from_slice(it);
                 }
-                all.extend_from_slice(it);
-            }
-            all
-        }], NORMAL)
+                all
+            }],
+            NORMAL,
+        )
         .expect("whole")
         .audio
         .remove(0);
@@ -151,8 +168,14 @@ fn speed_changes_the_duration_as_asked() {
     let (normal, fast, slow) = (len(1.0), len(1.5), len(0.75));
     let f = normal as f64 / fast as f64;
     let s = slow as f64 / normal as f64;
-    assert!((1.3..1.7).contains(&f), "1.5x speed gave {f:.2}x shorter audio");
-    assert!((1.2..1.45).contains(&s), "0.75x speed gave {s:.2}x longer audio");
+    assert!(
+        (1.3..1.7).contains(&f),
+        "1.5x speed gave {f:.2}x shorter audio"
+    );
+    assert!(
+        (1.2..1.45).contains(&s),
+        "0.75x speed gave {s:.2}x longer audio"
+    );
 }
 
 #[test]
@@ -183,14 +206,15 @@ fn a_blend_differs_from_both_parents() {
     let blended = a.synthesize(&refs, NORMAL).expect("blend").audio.concat();
     let parent = b.synthesize(&refs, NORMAL).expect("bella").audio.concat();
     let n = blended.len().min(parent.len());
-    let diff: f32 = rms(
-        &blended[..n]
-            .iter()
-            .zip(&parent[..n])
-            .map(|(x, y)| x - y)
-            .collect::<Vec<_>>(),
+    let diff: f32 = rms(&blended[..n]
+        .iter()
+        .zip(&parent[..n])
+        .map(|(x, y)| x - y)
+        .collect::<Vec<_>>());
+    assert!(
+        diff > 0.01 * rms(&parent),
+        "the blend sounds like its parent"
     );
-    assert!(diff > 0.01 * rms(&parent), "the blend sounds like its parent");
 }
 
 fn copy_install(to: &Path, skip: &str) {
@@ -216,7 +240,10 @@ fn broken_installs_and_unreadable_voices_say_what_to_do_in_one_line() {
     // Not installed at all.
     let e = Voice::find(tmp.path(), "af_heart").expect_err("not installed");
     assert_eq!(e.kind(), "voice_not_installed");
-    assert!(e.to_string().contains("narrator voices install kokoro"), "{e}");
+    assert!(
+        e.to_string().contains("narrator voices install kokoro"),
+        "{e}"
+    );
     // The model missing, then a voice file missing, then a truncated voice file.
     copy_install(tmp.path(), "model.onnx");
     let e = Voice::find(tmp.path(), "af_heart").expect_err("no model");
@@ -289,7 +316,11 @@ fn envelope_correlation(a: &[f32], b: &[f32]) -> f64 {
     let ea: Vec<f64> = ea.iter().map(|&v| f64::from(v)).collect();
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let (ma, mb) = (mean(&ea), mean(&stretched));
-    let cov: f64 = ea.iter().zip(&stretched).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let cov: f64 = ea
+        .iter()
+        .zip(&stretched)
+        .map(|(x, y)| (x - ma) * (y - mb))
+        .sum();
     let var = |v: &[f64], m: f64| v.iter().map(|x| (x - m) * (x - m)).sum::<f64>();
     cov / (var(&ea, ma) * var(&stretched, mb)).sqrt()
 }
@@ -302,21 +333,21 @@ fn the_fp32_graph_speaks_like_the_int8_one() {
         dir.join("model.fp32.onnx").is_file(),
         "the fp32 graph is missing: run `bash ops/setup.sh --kokoro --gpu`"
     );
-    let rt = load_runtime(&d.join("onnxruntime/libonnxruntime.so.1.32.0")).expect("runtime");
-    let opts = SessionOptions {
-        intra_threads: 2,
-        device: Device::Cpu,
-        gpu_mem_limit: None,
-        spin: false,
-        cpu_arena: ArenaPolicy::new(CpuArena::default()),
-        pad_multiple: 1,
-    };
+    let (rt, opts) = (runtime(), cpu());
     let open = |voice: &str, graph: &str| {
         let spec = VoiceSpec::parse(voice).expect("parse").expect("kokoro");
         let v = KokoroVoice::open(&dir, &spec).expect("voice");
-        let styles = (1..=510).flat_map(|n| v.style(n).to_vec()).collect::<Vec<_>>();
-        narrator_engine::KokoroEngine::load(rt, &dir.join(graph), std::sync::Arc::new(styles), 16, &opts)
-            .expect("session")
+        let styles = (1..=510)
+            .flat_map(|n| v.style(n).to_vec())
+            .collect::<Vec<_>>();
+        narrator_engine::KokoroEngine::load(
+            rt,
+            &dir.join(graph),
+            std::sync::Arc::new(styles),
+            16,
+            &opts,
+        )
+        .expect("session")
     };
     let v = voice("af_heart");
     let items = utterances(
@@ -325,13 +356,20 @@ fn the_fp32_graph_speaks_like_the_int8_one() {
          and of having nothing to do.",
     );
     let refs: Vec<&[i64]> = items.iter().map(Vec::as_slice).collect();
-    let run = |e: &mut narrator_engine::KokoroEngine| e.synthesize(&refs, NORMAL).expect("run").audio.concat();
+    let run = |e: &mut narrator_engine::KokoroEngine| {
+        e.synthesize(&refs, NORMAL).expect("run").audio.concat()
+    };
     let int8 = run(&mut open("af_heart", "model.onnx"));
     let fp32 = run(&mut open("af_heart", "model.fp32.onnx"));
     let other_voice = run(&mut open("am_adam", "model.onnx"));
     // The same durations within a few frames, and the same loudness contour.
     let len_ratio = fp32.len() as f64 / int8.len() as f64;
-    assert!((0.95..1.05).contains(&len_ratio), "fp32 {} vs int8 {} samples", fp32.len(), int8.len());
+    assert!(
+        (0.95..1.05).contains(&len_ratio),
+        "fp32 {} vs int8 {} samples",
+        fp32.len(),
+        int8.len()
+    );
     let same = envelope_correlation(&int8, &fp32);
     let differs = envelope_correlation(&int8, &other_voice);
     eprintln!("envelope correlation: fp32 {same:.3}, another voice {differs:.3}");

@@ -9,7 +9,9 @@ use tracing::Instrument;
 use narrator_core::{Segment, SegmentAudio};
 use std::sync::{Mutex, RwLock};
 
-use narrator_engine::{Batching, Capabilities, Device, EngineError, EnginePool, Family, Scales, Voice};
+use narrator_engine::{
+    Batching, Capabilities, Device, EngineError, EnginePool, Family, Scales, Voice,
+};
 use narrator_phonemes::Phonemizer;
 
 use crate::PipelineError;

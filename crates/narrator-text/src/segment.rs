@@ -77,8 +77,12 @@ pub fn split_sentences(text: &str) -> Vec<String> {
             j += 1;
         }
         let single_period = j - term_start == 1 && c == '.';
-        let script_end = chars[term_start..j].iter().any(|&(_, t)| is_script_terminator(t));
-        while j < chars.len() && (is_closer(chars[j].1) || matches!(chars[j].1, '\u{300d}' | '\u{300f}')) {
+        let script_end = chars[term_start..j]
+            .iter()
+            .any(|&(_, t)| is_script_terminator(t));
+        while j < chars.len()
+            && (is_closer(chars[j].1) || matches!(chars[j].1, '\u{300d}' | '\u{300f}'))
+        {
             j += 1;
         }
         if script_end {

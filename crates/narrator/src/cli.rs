@@ -549,6 +549,8 @@ fn parse_speed(s: &str) -> Result<f32, String> {
     if (0.5..=2.0).contains(&v) {
         Ok(v)
     } else {
-        Err(format!("{v} is outside 0.5 to 2.0 (1 is the voice's own pace)"))
+        Err(format!(
+            "{v} is outside 0.5 to 2.0 (1 is the voice's own pace)"
+        ))
     }
 }

@@ -104,7 +104,11 @@ fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
                 i.language,
                 if i.gender.is_empty() { "-" } else { &i.gender },
                 i.sample_rate,
-                if i.quality.is_empty() { "-" } else { &i.quality },
+                if i.quality.is_empty() {
+                    "-"
+                } else {
+                    &i.quality
+                },
                 v.model_path().display()
             );
         }

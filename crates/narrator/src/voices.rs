@@ -57,10 +57,12 @@ fn install_kokoro(paths: &Paths, force: bool) -> anyhow::Result<Vec<String>> {
     if !status.success() {
         bail!("installing the Kokoro voices failed (its error is above); nothing was changed");
     }
-    Ok(narrator_engine::kokoro::list(&paths.voices.join(narrator_engine::kokoro::DIR))
-        .into_iter()
-        .map(|v| v.name)
-        .collect())
+    Ok(
+        narrator_engine::kokoro::list(&paths.voices.join(narrator_engine::kokoro::DIR))
+            .into_iter()
+            .map(|v| v.name)
+            .collect(),
+    )
 }
 
 /// `narrator voices install SOURCE`: returns the names installed.
@@ -134,7 +136,11 @@ pub(crate) fn remove(paths: &Paths, name: &str) -> anyhow::Result<()> {
             "voice {name} is part of the {} installation, which its voices share; remove \
              the folder {} to remove them all",
             voice.info().family,
-            voice.model_path().parent().unwrap_or(&paths.voices).display()
+            voice
+                .model_path()
+                .parent()
+                .unwrap_or(&paths.voices)
+                .display()
         );
     }
     for file in files {

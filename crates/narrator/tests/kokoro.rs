@@ -3,54 +3,26 @@
 //! list, and bad voice names.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use narrator_test_support::media;
 
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+mod common;
+use common::{ROOT, hound_like_len, manifest, run_err, run_ok};
 
+/// The binary, once Kokoro is installed.
 fn narrator() -> Command {
     assert!(
-        Path::new(ROOT).join(".deps/voices/kokoro/model.onnx").is_file(),
+        Path::new(ROOT)
+            .join(".deps/voices/kokoro/model.onnx")
+            .is_file(),
         "Kokoro missing: run `bash ops/setup.sh --kokoro` first"
     );
-    let mut c = Command::new(env!("CARGO_BIN_EXE_narrator"));
-    narrator_test_support::use_test_data(&mut c)
-        .env("NARRATOR_ORT_BUILD", "cpu")
-        .env_remove("NARRATOR_VOICE");
-    c
+    common::narrator()
 }
 
-fn run_ok(args: &[&str]) -> Output {
-    let out = narrator().args(args).output().expect("spawn narrator");
-    assert!(
-        out.status.success(),
-        "narrator {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn run_err(args: &[&str]) -> String {
-    let out = narrator().args(args).output().expect("spawn narrator");
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "narrator {args:?} should fail: {err}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    err
-}
-
-fn manifest(dir: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
-        .expect("json")
-}
-
-/// (samples, rate) of a 16-bit mono WAV written by narrator (44-byte header).
 fn wav(path: &Path) -> (u64, u32) {
-    let b = std::fs::read(path).expect("wav");
-    assert_eq!(&b[..4], b"RIFF");
-    let rate = u32::from_le_bytes([b[24], b[25], b[26], b[27]]);
-    ((b.len() as u64 - 44) / 2, rate)
+    hound_like_len(path)
 }
 
 const BOOK: &str = "---\ntitle: The Pool of Tears\nauthor: Lewis Carroll\ncover: cover.png\n---\n\n\
@@ -71,7 +43,16 @@ fn a_kokoro_voice_reads_a_book_with_chapters_speed_and_blends() {
     // WAV with chapter files: 24 kHz, every chapter there, the voice in the manifest.
     let wav_dir = out("wav");
     let o = run_ok(&[
-        "run", b, "--voice", "af_heart", "--format", "wav", "--chapter-files", "--out", &s(&wav_dir), "--json",
+        "run",
+        b,
+        "--voice",
+        "af_heart",
+        "--format",
+        "wav",
+        "--chapter-files",
+        "--out",
+        &s(&wav_dir),
+        "--json",
     ]);
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     let m = manifest(&wav_dir);
@@ -80,7 +61,10 @@ fn a_kokoro_voice_reads_a_book_with_chapters_speed_and_blends() {
     let (samples, rate) = wav(&wav_dir.join(m["book"]["file"].as_str().expect("file")));
     assert_eq!(rate, 24_000);
     let normal = samples as f64 / 24_000.0;
-    assert!((4.0..30.0).contains(&normal), "{normal} s for four sentences");
+    assert!(
+        (4.0..30.0).contains(&normal),
+        "{normal} s for four sentences"
+    );
     for c in m["chapters"].as_array().expect("chapters") {
         let (n, r) = wav(&wav_dir.join(c["file"].as_str().expect("chapter file")));
         assert_eq!(r, 24_000);
@@ -90,16 +74,39 @@ fn a_kokoro_voice_reads_a_book_with_chapters_speed_and_blends() {
 
     // --speed 1.5: the same book, about 1.5 times shorter.
     let fast = out("fast");
-    run_ok(&["run", b, "--voice", "af_heart", "--speed", "1.5", "--format", "wav", "--out", &s(&fast)]);
+    run_ok(&[
+        "run",
+        b,
+        "--voice",
+        "af_heart",
+        "--speed",
+        "1.5",
+        "--format",
+        "wav",
+        "--out",
+        &s(&fast),
+    ]);
     let mf = manifest(&fast);
     let (n, _) = wav(&fast.join(mf["book"]["file"].as_str().expect("file")));
     let ratio = normal / (n as f64 / 24_000.0);
     // Chapter and paragraph pauses do not scale with speed, so a little under 1.5.
-    assert!((1.2..1.7).contains(&ratio), "speed 1.5 made it {ratio:.2}x shorter");
+    assert!(
+        (1.2..1.7).contains(&ratio),
+        "speed 1.5 made it {ratio:.2}x shorter"
+    );
 
     // A blend in the same folder is another job: nothing of af_heart's is reused.
     let o = run_ok(&[
-        "run", b, "--voice", "af_bella:2+af_sky:1", "--format", "wav", "--chapter-files", "--out", &s(&wav_dir), "--json",
+        "run",
+        b,
+        "--voice",
+        "af_bella:2+af_sky:1",
+        "--format",
+        "wav",
+        "--chapter-files",
+        "--out",
+        &s(&wav_dir),
+        "--json",
     ]);
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(summary["resumed_segments"], 0, "{summary}");
@@ -107,7 +114,16 @@ fn a_kokoro_voice_reads_a_book_with_chapters_speed_and_blends() {
 
     // M4B from 24 kHz audio: chapters, tags, cover and duration as ffprobe reads them.
     let m4b = out("m4b");
-    run_ok(&["run", b, "--voice", "bf_emma", "--format", "m4b", "--out", &s(&m4b)]);
+    run_ok(&[
+        "run",
+        b,
+        "--voice",
+        "bf_emma",
+        "--format",
+        "m4b",
+        "--out",
+        &s(&m4b),
+    ]);
     let m = manifest(&m4b);
     media::check_m4b(&m, &m4b.join(m["book"]["file"].as_str().expect("file")));
 }
@@ -119,15 +135,26 @@ fn voices_lists_kokoro_with_family_language_gender_and_grade() {
     let list = list.as_array().expect("array");
     let kokoro: Vec<_> = list.iter().filter(|v| v["family"] == "kokoro").collect();
     assert_eq!(kokoro.len(), 54);
-    let heart = kokoro.iter().find(|v| v["name"] == "af_heart").expect("af_heart");
+    let heart = kokoro
+        .iter()
+        .find(|v| v["name"] == "af_heart")
+        .expect("af_heart");
     assert_eq!(heart["language"], "en-US");
     assert_eq!(heart["gender"], "female");
     assert_eq!(heart["quality"], "A");
     assert_eq!(heart["sample_rate"], 24_000);
-    let joe = list.iter().find(|v| v["name"] == "en_US-joe-medium").expect("joe");
+    let joe = list
+        .iter()
+        .find(|v| v["name"] == "en_US-joe-medium")
+        .expect("joe");
     assert_eq!(joe["family"], "piper");
     let table = String::from_utf8(run_ok(&["voices"]).stdout).expect("utf8");
-    assert!(table.lines().any(|l| l.starts_with("bm_george") && l.contains("kokoro") && l.contains("male")), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("bm_george") && l.contains("kokoro") && l.contains("male")),
+        "{table}"
+    );
 }
 
 #[test]
