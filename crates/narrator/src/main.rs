@@ -18,6 +18,8 @@ mod voices;
 
 use clap::Parser;
 
+use std::io::Write;
+
 use crate::cli::{Cli, Command, VoicesAction, VoicesArgs};
 use crate::paths::Paths;
 
@@ -91,26 +93,41 @@ fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
             paths.voices.display()
         );
     } else {
-        println!(
-            "{:<20} {:<7} {:<8} {:<7} {:>6}  {:<8} PATH",
-            "NAME", "FAMILY", "LANGUAGE", "GENDER", "RATE", "QUALITY"
-        );
-        for v in list {
-            let i = v.info();
-            println!(
-                "{:<20} {:<7} {:<8} {:<7} {:>6}  {:<8} {}",
-                v.name,
-                i.family,
-                i.language,
-                if i.gender.is_empty() { "-" } else { &i.gender },
-                i.sample_rate,
-                if i.quality.is_empty() {
-                    "-"
-                } else {
-                    &i.quality
-                },
-                v.model_path().display()
-            );
+        // Written line by line to a locked stdout: a reader that stops early (`| head`)
+        // ends the listing, not the process with a panic.
+        let mut out = std::io::stdout().lock();
+        let table = |out: &mut std::io::StdoutLock<'_>| -> std::io::Result<()> {
+            writeln!(
+                out,
+                "{:<20} {:<7} {:<8} {:<7} {:>6}  {:<8} PATH",
+                "NAME", "FAMILY", "LANGUAGE", "GENDER", "RATE", "QUALITY"
+            )?;
+            for v in &list {
+                let i = v.info();
+                let dash = |s: &str| {
+                    if s.is_empty() {
+                        "-".to_string()
+                    } else {
+                        s.to_string()
+                    }
+                };
+                writeln!(
+                    out,
+                    "{:<20} {:<7} {:<8} {:<7} {:>6}  {:<8} {}",
+                    v.name,
+                    i.family,
+                    i.language,
+                    dash(&i.gender),
+                    i.sample_rate,
+                    dash(&i.quality),
+                    v.model_path().display()
+                )?;
+            }
+            Ok(())
+        };
+        match table(&mut out) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other?,
         }
     }
     Ok(())

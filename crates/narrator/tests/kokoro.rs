@@ -148,6 +148,17 @@ fn voices_lists_kokoro_with_family_language_gender_and_grade() {
         .find(|v| v["name"] == "en_US-joe-medium")
         .expect("joe");
     assert_eq!(joe["family"], "piper");
+    // A reader that goes away (`narrator voices | head`) ends the listing, not in a panic.
+    let mut child = narrator()
+        .arg("voices")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("panicked"), "{err}");
     let table = String::from_utf8(run_ok(&["voices"]).stdout).expect("utf8");
     assert!(
         table
