@@ -193,8 +193,8 @@ impl Synthesizer {
 
     /// Replaces the batch budget. A packed family's runs hold at most its
     /// [`Capabilities::max_run_ids`]: a larger budget would hand one session a run of many
-    /// model runs in a row while the others wait (measured on 2 cores: 0.68× the
-    /// throughput of one sentence per run, against 1.24× with runs of one model run).
+    /// model runs in a row while the others wait (measured on 2 cores, Kokoro, 297 words:
+    /// 47–48 s uncapped, 29.4 s capped; docs/BENCHMARKS.md, issue 28).
     pub fn set_budget(&self, budget: Budget) {
         let cap = match self.caps.batching {
             Batching::Packed => self.caps.max_run_ids,

@@ -584,8 +584,9 @@ pub(crate) fn load_with(
         if calibration.is_none() && args.max_batch.is_none() && on_gpu {
             // No batch dimension: on a GPU, sentences packed end to end into one model run
             // (cut at their token boundaries) are how one run fills the device. On CPU one
-            // sentence per run stays the default: packing measured 7 % slower on 2 cores
-            // (Kokoro, 300 words: 30.3 s against 28.2 s; docs/BENCHMARKS.md, issue 28).
+            // sentence per run stays the default: packing measured no faster on 2 cores and
+            // took 250 MiB more (Kokoro, 297 words, 3 rounds: 29.4 s both, 1,168 against
+            // 917 MiB peak; docs/BENCHMARKS.md, issue 28).
             plan.max_batch_tokens = caps.max_run_ids;
             plan.max_batch_requests = PACKED_RUN_ITEMS;
             plan.batch_items = PACKED_RUN_ITEMS;
