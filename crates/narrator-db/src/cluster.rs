@@ -38,6 +38,9 @@ pub enum SegmentCheck {
     JobEnded(JobState),
     /// No such job or segment (deleted, or another database): drop it.
     Unknown,
+    /// The message's text or speaker is not the segment's in the database: forged or
+    /// corrupted on the way. Dead-letter it; never synthesize it.
+    Mismatch,
 }
 
 /// One delivery's check: [`check_segments`] for one.
@@ -96,7 +99,7 @@ pub async fn check_segments(
 }
 
 /// A delivery as the worker's guard checks it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryKey {
     /// The job.
     pub job: Uuid,
@@ -105,6 +108,9 @@ pub struct DeliveryKey {
     /// The broker delivered it again after a consumer went away holding it (its
     /// `x-delivery-count` is above 0).
     pub returned: bool,
+    /// The text and speaker the message carries, compared with the segment's row (a
+    /// message can be published by anyone who reaches the broker); `None`: not compared.
+    pub content: Option<(String, u32)>,
 }
 
 /// What the guard learns about a delivery beyond [`SegmentCheck`].
@@ -121,7 +127,8 @@ pub struct DeliveryHistory {
 
 /// [`check_segments`] for a worker process `instance`, noticing crashes: a segment whose
 /// `engine_by` names another process that is gone (its worker row is not fresher than
-/// `stale` with that instance) or that returned this delivery (the consumer went away
+/// that worker's own `stale_after`, or `stale` for rows that do not say, with that
+/// instance) or that returned this delivery (the consumer went away
 /// while the segment was in its engine) was in the engine of a process that died: its
 /// `engine_crashes` goes up by one and `engine_by` is cleared. A delivery marked
 /// `returned` counts one more return. One query, plus one update when anything changed.
@@ -140,14 +147,25 @@ pub async fn check_deliveries(
         .map(|d| int4("segment index", d.index))
         .collect::<Result<Vec<i32>, DbError>>()?;
     let returned: Vec<bool> = deliveries.iter().map(|d| d.returned).collect();
+    let texts: Vec<Option<&str>> = deliveries
+        .iter()
+        .map(|d| d.content.as_ref().map(|c| c.0.as_str()))
+        .collect();
+    let speakers: Vec<Option<i64>> = deliveries
+        .iter()
+        .map(|d| d.content.as_ref().map(|c| i64::from(c.1)))
+        .collect();
     let rows = sqlx::query(
         "SELECT i.n, j.state AS job_state, s.state AS seg_state, \
+           (i.text IS NOT NULL AND (s.text IS DISTINCT FROM i.text \
+              OR s.speaker::int8 IS DISTINCT FROM i.speaker)) AS differs, \
            coalesce(s.engine_crashes, 0) AS crashes, coalesce(s.returns, 0) AS returns, \
            (s.engine_by IS NOT NULL AND s.engine_by <> $4 AND (i.returned OR NOT EXISTS ( \
               SELECT 1 FROM workers w WHERE w.instance = s.engine_by \
-                AND w.last_seen > now() - make_interval(secs => $5)))) AS crashed, \
+                AND w.last_seen > now() - make_interval(secs => coalesce(w.stale_after_s, $5))))) AS crashed, \
            i.returned \
-         FROM unnest($1::uuid[], $2::int4[], $3::bool[]) WITH ORDINALITY AS i(job_id, idx, returned, n) \
+         FROM unnest($1::uuid[], $2::int4[], $3::bool[], $6::text[], $7::int8[]) \
+           WITH ORDINALITY AS i(job_id, idx, returned, text, speaker, n) \
          LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
          LEFT JOIN jobs j ON j.id = s.job_id ORDER BY i.n",
     )
@@ -156,6 +174,8 @@ pub async fn check_deliveries(
     .bind(&returned)
     .bind(instance)
     .bind(secs(stale))
+    .bind(&texts)
+    .bind(&speakers)
     .fetch_all(pool)
     .await?;
     let mut out = Vec::with_capacity(rows.len());
@@ -164,6 +184,7 @@ pub async fn check_deliveries(
         let seg: Option<String> = row.try_get("seg_state")?;
         let job: Option<String> = row.try_get("job_state")?;
         let crashed = row.try_get::<Option<bool>, _>("crashed")?.unwrap_or(false);
+        let differs = row.try_get::<Option<bool>, _>("differs")?.unwrap_or(false);
         let mut crashes: u32 = unsigned(
             "engine_crashes",
             i64::from(row.try_get::<i32, _>("crashes")?),
@@ -172,7 +193,9 @@ pub async fn check_deliveries(
         let check = match (seg, job) {
             (Some(seg), Some(job)) => {
                 let job_state = JobState::parse(&job)?;
-                if seg == "done" {
+                if differs {
+                    SegmentCheck::Mismatch
+                } else if seg == "done" {
                     SegmentCheck::AlreadyDone
                 } else if job_state.is_final() {
                     SegmentCheck::JobEnded(job_state)
@@ -330,7 +353,8 @@ pub async fn claim_assembly_for(
 /// Jobs `worker` (process `instance`) takes over: finished but never claimed (the
 /// recording worker died between its record and its claim, or the last assembly failed
 /// transiently and its retry time has come), or assembling by a process that is gone:
-/// its worker row is older than `stale`, or names another instance (the worker was
+/// its worker row is older than that worker's own `stale_after` (`stale`, the caller's,
+/// for rows that do not say), or names another instance (the worker was
 /// restarted under the same id, so the claimer is dead even though the id is alive).
 /// One statement; each job goes to one caller.
 pub async fn take_over_assemblies(
@@ -348,10 +372,11 @@ pub async fn take_over_assemblies(
               AND (assembly_retry_at IS NULL OR assembly_retry_at <= now())) \
              OR (state = 'assembling' AND NOT EXISTS ( \
                    SELECT 1 FROM workers w WHERE w.id = jobs.assembler \
-                     AND w.last_seen > now() - make_interval(secs => $2) \
+                     AND w.last_seen > now() - make_interval(secs => coalesce(w.stale_after_s, $2)) \
                      AND (jobs.assembler_instance IS NULL OR w.instance IS NULL \
                           OR w.instance = jobs.assembler_instance)) \
-                 AND (assembly_started_at < now() - make_interval(secs => $2) \
+                 AND (assembly_started_at < now() - make_interval(secs => coalesce( \
+                        (SELECT w.stale_after_s FROM workers w WHERE w.id = jobs.assembler), $2)) \
                       OR EXISTS (SELECT 1 FROM workers w WHERE w.id = jobs.assembler \
                                  AND w.instance IS DISTINCT FROM jobs.assembler_instance))) \
            FOR UPDATE SKIP LOCKED) \
@@ -654,7 +679,9 @@ pub enum RetryOutcome {
 }
 
 /// Puts a failed job back to work: its failed segments become pending and unpublished
-/// (attempts reset), the job `running` (or `queued` if nothing was done). The caller
+/// with a whole new budget, whatever failed them (attempts, engine crashes, returns and
+/// rescues back to 0; the job's rescues too), the job `running` (or `queued` if nothing
+/// was done). The caller
 /// publishes the returned segments and marks them published; should it die first, the
 /// reconciler does. A job whose segments are all done goes back to `running`, and a
 /// worker's sweep assembles it.
@@ -671,7 +698,8 @@ pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError
     }
     let rows = sqlx::query(
         "UPDATE segments SET state = 'pending', attempts = 0, published_at = NULL, \
-         failure_kind = NULL, failure_reason = NULL \
+         failure_kind = NULL, failure_reason = NULL, engine_crashes = 0, returns = 0, \
+         rescues = 0, engine_by = NULL \
          WHERE job_id = $1 AND state <> 'done' \
          RETURNING idx, chapter, text, pause_after, speaker",
     )
@@ -682,7 +710,7 @@ pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError
         "UPDATE jobs SET state = CASE WHEN segments_done > 0 THEN 'running' ELSE 'queued' END, \
          finished_at = NULL, failure_kind = NULL, failure_reason = NULL, assembler = NULL, \
          assembler_instance = NULL, assembly_started_at = NULL, assembly_attempts = 0, \
-         assembly_retry_at = NULL, assembly_error = NULL, rescued_at = NULL, \
+         assembly_retry_at = NULL, assembly_error = NULL, rescued_at = NULL, rescues = 0, \
          progress_at = now() WHERE id = $1",
     )
     .bind(job)

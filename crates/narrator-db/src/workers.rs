@@ -27,6 +27,23 @@ pub struct WorkerInfo {
     /// This process's incarnation: new at every start, so claims made by a process that
     /// died are told from those of its successor under the same `id`.
     pub instance: Option<uuid::Uuid>,
+    /// After how long without a heartbeat this worker counts as gone (6 of its own
+    /// heartbeats): peers judge it by this, not by their own interval.
+    #[serde(skip_serializing_if = "Option::is_none", with = "opt_secs")]
+    pub stale_after: Option<std::time::Duration>,
+}
+
+/// `Option<Duration>` as seconds.
+mod opt_secs {
+    pub(super) fn serialize<S: serde::Serializer>(
+        d: &Option<std::time::Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_f64(d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
 }
 
 /// A row of the `worker_recent` view.
@@ -55,11 +72,12 @@ pub async fn heartbeat(
     segments_done: u64,
 ) -> Result<(), DbError> {
     sqlx::query(
-        "INSERT INTO workers (id, host, device, hardware, plan, segments_done, instance) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+        "INSERT INTO workers (id, host, device, hardware, plan, segments_done, instance, \
+           stale_after_s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
          ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, device = EXCLUDED.device, \
            hardware = EXCLUDED.hardware, plan = EXCLUDED.plan, \
            segments_done = EXCLUDED.segments_done, instance = EXCLUDED.instance, \
+           stale_after_s = EXCLUDED.stale_after_s, \
            started_at = CASE WHEN workers.instance IS DISTINCT FROM EXCLUDED.instance \
              THEN now() ELSE workers.started_at END, last_seen = now()",
     )
@@ -70,6 +88,7 @@ pub async fn heartbeat(
     .bind(Json(&worker.plan))
     .bind(int8("segments done", segments_done)?)
     .bind(worker.instance)
+    .bind(worker.stale_after.map(secs))
     .execute(exec)
     .await?;
     Ok(())
@@ -100,6 +119,10 @@ pub async fn list_workers(
                 plan,
                 // Not in the view: it matters to assembly claims only.
                 instance: None,
+                stale_after: row
+                    .try_get::<Option<f64>, _>("stale_after_s")?
+                    .filter(|s| s.is_finite() && *s > 0.0)
+                    .map(std::time::Duration::from_secs_f64),
             },
             segments_done: unsigned("segments_done", row.try_get("segments_done")?)?,
             started_at: row.try_get("started_at")?,

@@ -477,6 +477,7 @@ async fn views_give_rtf_and_latency_from_timestamps(pool: PgPool) {
         hardware: serde_json::json!({"cores": 2}),
         plan: serde_json::json!({"max_batch": 1}),
         instance: None,
+        stale_after: None,
     };
     heartbeat(&pool, &info("w1"), 2).await.expect("beat");
     heartbeat(&pool, &info("w1"), 3).await.expect("beat again");
@@ -548,6 +549,48 @@ async fn a_group_of_deliveries_is_checked_in_one_query_in_order(pool: PgPool) {
         assert_eq!(&one, expected, "segment {index} of {job}");
     }
     assert!(check_segments(&pool, &[]).await.expect("none").is_empty());
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn a_delivery_whose_text_or_speaker_is_not_the_databases_is_a_mismatch(pool: PgPool) {
+    use narrator_db::{DeliveryKey, SegmentCheck, check_deliveries};
+    let job = create_job(&pool, &plan(2, 1), "wav", 0)
+        .await
+        .expect("create");
+    let stored = |index: u32| {
+        let p = plan(2, 1);
+        let s = &p.segments[index as usize];
+        (s.text.clone(), s.speaker)
+    };
+    let key = |index, content| DeliveryKey {
+        job,
+        index,
+        returned: false,
+        content,
+    };
+    let (text1, speaker1) = stored(1);
+    assert_eq!(speaker1, 1, "the plan's second chapter speaks as speaker 1");
+    let keys = [
+        key(0, Some(stored(0))),
+        key(0, Some(("Something else entirely.".into(), 0))),
+        key(1, Some((text1.clone(), 0))),
+        key(1, Some((text1, 1))),
+        key(1, None),
+    ];
+    let seen = check_deliveries(&pool, &keys, narrator_db::Uuid::new_v4(), Duration::from_secs(30))
+        .await
+        .expect("check");
+    let checks: Vec<SegmentCheck> = seen.iter().map(|h| h.check).collect();
+    assert_eq!(
+        checks,
+        [
+            SegmentCheck::Work,
+            SegmentCheck::Mismatch,
+            SegmentCheck::Mismatch,
+            SegmentCheck::Work,
+            SegmentCheck::Work,
+        ]
+    );
 }
 
 #[sqlx::test(migrator = "narrator_db::MIGRATOR")]
@@ -760,6 +803,7 @@ fn worker_row(id: &str, instance: narrator_db::Uuid) -> WorkerInfo {
         hardware: serde_json::json!({}),
         plan: serde_json::json!([]),
         instance: Some(instance),
+        stale_after: None,
     }
 }
 
@@ -819,6 +863,72 @@ async fn an_assembly_claimed_by_a_process_that_restarted_under_its_id_is_taken_o
             .await
             .expect("row");
     assert_eq!((assembler.as_str(), instance), ("other:1", other));
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn a_worker_is_judged_gone_by_its_own_heartbeat_not_the_observers(pool: PgPool) {
+    use narrator_db::{DeliveryKey, check_deliveries};
+    let job = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    record_segment(&pool, job, &rec(0, "slow:1"))
+        .await
+        .expect("record");
+    // A worker beating every 10 s (gone after 60 s) holds segment 1 in its engine and,
+    // once segment 0 is its last, would claim the assembly; it was last seen 20 s ago.
+    let slow = narrator_db::Uuid::new_v4();
+    let mut row = worker_row("slow:1", slow);
+    row.stale_after = Some(Duration::from_secs(60));
+    heartbeat(&pool, &row, 1).await.expect("beat");
+    let listed = narrator_db::list_workers(&pool, Duration::from_secs(600))
+        .await
+        .expect("workers");
+    assert_eq!(listed[0].info.stale_after, Some(Duration::from_secs(60)));
+    narrator_db::mark_in_engine(&pool, slow, &[(job, 1)], true)
+        .await
+        .expect("mark");
+    sqlx::query("UPDATE jobs SET state = 'assembling', assembler = 'slow:1', assembler_instance = $1, \
+                 assembly_started_at = now() - interval '20 seconds' WHERE id = $2")
+        .bind(slow)
+        .bind(job)
+        .execute(&pool)
+        .await
+        .expect("claimed");
+    sqlx::query("UPDATE workers SET last_seen = now() - interval '20 seconds' WHERE id = 'slow:1'")
+        .execute(&pool)
+        .await
+        .expect("age");
+    // A peer beating every second (its own stale: 6 s) sees a live worker: no takeover,
+    // no crash counted against the segment it holds.
+    let fast = narrator_db::Uuid::new_v4();
+    let six = Duration::from_secs(6);
+    let taken = narrator_db::take_over_assemblies(&pool, "fast:1", fast, six)
+        .await
+        .expect("sweep");
+    assert!(taken.is_empty(), "a live claim is kept: {taken:?}");
+    let key = [DeliveryKey {
+        job,
+        index: 1,
+        returned: false,
+        content: None,
+    }];
+    let seen = check_deliveries(&pool, &key, fast, six).await.expect("check");
+    assert_eq!(seen[0].engine_crashes, 0, "{seen:?}");
+    // Past its own 60 s it is gone, for every observer.
+    for aged in [
+        "UPDATE workers SET last_seen = now() - interval '61 seconds' WHERE id = 'slow:1'",
+        "UPDATE jobs SET assembly_started_at = now() - interval '61 seconds'",
+    ] {
+        sqlx::query(aged).execute(&pool).await.expect("age");
+    }
+    let seen = check_deliveries(&pool, &key, fast, Duration::from_secs(3600))
+        .await
+        .expect("check");
+    assert_eq!(seen[0].engine_crashes, 1, "{seen:?}");
+    let taken = narrator_db::take_over_assemblies(&pool, "fast:1", fast, Duration::from_secs(3600))
+        .await
+        .expect("sweep");
+    assert_eq!(taken, [job]);
 }
 
 #[sqlx::test(migrator = "narrator_db::MIGRATOR")]
@@ -932,5 +1042,93 @@ async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given
             .contains("lost 2 times"),
         "{:?}",
         st.summary.failure_reason
+    );
+}
+
+#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
+async fn a_retry_gives_every_failed_segment_a_whole_new_budget(pool: PgPool) {
+    use narrator_db::{DeliveryKey, RetryOutcome, check_deliveries, retry_job};
+    let job = create_job(&pool, &plan(1, 3), "wav", 0)
+        .await
+        .expect("create");
+    record_segment(&pool, job, &rec(2, "w"))
+        .await
+        .expect("record");
+    let me = narrator_db::Uuid::new_v4();
+    let stale = Duration::from_secs(30);
+    let delivery = |index, returned| DeliveryKey {
+        job,
+        index,
+        returned,
+        content: None,
+    };
+    // Segment 0 came back from dying consumers twice, and one died with it in its engine;
+    // segment 1 was lost and published again three times (job-wide rescues too). Then
+    // both failed, each for its own reason, and the job with them.
+    for _ in 0..2 {
+        check_deliveries(&pool, &[delivery(0, true)], me, stale)
+            .await
+            .expect("returned");
+    }
+    sqlx::query(
+        "UPDATE segments SET engine_by = $2 WHERE job_id = $1 AND idx = 0",
+    )
+    .bind(job)
+    .bind(narrator_db::Uuid::new_v4())
+    .execute(&pool)
+    .await
+    .expect("in a dead engine");
+    let seen = check_deliveries(&pool, &[delivery(0, false)], me, stale)
+        .await
+        .expect("crash noticed");
+    assert_eq!((seen[0].engine_crashes, seen[0].returns), (1, 2));
+    sqlx::query(
+        "UPDATE segments SET state = 'failed', failure_kind = CASE idx WHEN 0 THEN 'engine_crash' \
+           ELSE 'lost' END, failure_reason = 'x', rescues = CASE idx WHEN 1 THEN 3 ELSE 0 END \
+         WHERE job_id = $1 AND idx < 2",
+    )
+    .bind(job)
+    .execute(&pool)
+    .await
+    .expect("fail the segments");
+    sqlx::query("UPDATE jobs SET rescues = 3 WHERE id = $1")
+        .bind(job)
+        .execute(&pool)
+        .await
+        .expect("rescued");
+    let ended = narrator_db::fail_settled_jobs(&pool).await.expect("settle");
+    assert_eq!(ended, [job]);
+
+    let RetryOutcome::Retried(again) = retry_job(&pool, job).await.expect("retry") else {
+        panic!("a failed job is retried");
+    };
+    assert_eq!(again.iter().map(|s| s.index).collect::<Vec<_>>(), [0, 1]);
+    // Their next deliveries reach an engine with nothing counted against them.
+    let seen = check_deliveries(&pool, &[delivery(0, false), delivery(1, false)], me, stale)
+        .await
+        .expect("check");
+    for (k, h) in seen.iter().enumerate() {
+        assert_eq!(h.check, narrator_db::SegmentCheck::Work, "segment {k}");
+        assert_eq!((h.engine_crashes, h.returns), (0, 0), "segment {k}: {h:?}");
+    }
+    let (seg_rescues, job_rescues): (i64, i32) = sqlx::query_as(
+        "SELECT (SELECT sum(rescues) FROM segments WHERE job_id = $1), \
+                (SELECT rescues FROM jobs WHERE id = $1)",
+    )
+    .bind(job)
+    .fetch_one(&pool)
+    .await
+    .expect("counters");
+    assert_eq!((seg_rescues, job_rescues), (0, 0));
+    // Status keeps no old counter: with a worker alive, it does not say the segments were
+    // published again.
+    heartbeat(&pool, &worker_row("w:1", me), 0)
+        .await
+        .expect("beat");
+    let st = job_status(&pool, job).await.expect("status").expect("job");
+    assert!(
+        !st.waiting.as_deref().unwrap_or("").contains("published again"),
+        "{:?}",
+        st.waiting
     );
 }

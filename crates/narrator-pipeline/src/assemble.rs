@@ -131,7 +131,15 @@ pub fn layout(
         });
     }
     let book = slug(&plan.title, 64);
-    let book_file = format!("{}.{ext}", if book.is_empty() { "book" } else { &book });
+    // Chapter files always start with their number; the book's never does (a title such
+    // as "01 Intro" would otherwise name the same file as a first chapter "Intro").
+    let book_file = if book.is_empty() {
+        format!("book.{ext}")
+    } else if book.starts_with(|c: char| c.is_ascii_digit()) {
+        format!("book-{book}.{ext}")
+    } else {
+        format!("{book}.{ext}")
+    };
     Layout {
         chapters,
         segments,
@@ -949,6 +957,26 @@ mod tests {
         assert_eq!(one.segments, l.segments);
         assert!(one.chapters.iter().all(|c| c.file.is_none()));
         assert_eq!(one.book_file, "my-book-a-tale.opus");
+    }
+
+    #[test]
+    fn the_book_file_never_shares_a_name_with_a_chapter_file() {
+        let mut p = plan();
+        p.title = "01 Intro".into();
+        p.chapters[0].title = "Intro".into();
+        let recs = [rec(0, 500), rec(1, 300), rec(2, 400)];
+        let l = layout(&p, &recs, &Pauses::default(), 1000, AudioFormat::Mp3, true);
+        assert_eq!(l.chapters[0].file.as_deref(), Some("01-intro.mp3"));
+        assert_eq!(l.book_file, "book-01-intro.mp3");
+        let mut names: Vec<&str> = l.chapters.iter().filter_map(|c| c.file.as_deref()).collect();
+        names.push(&l.book_file);
+        let count = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), count, "{names:?}");
+        p.title = "1984".into();
+        let l = layout(&p, &recs, &Pauses::default(), 1000, AudioFormat::Mp3, false);
+        assert_eq!(l.book_file, "book-1984.mp3");
     }
 
     #[test]

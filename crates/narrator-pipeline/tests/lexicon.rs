@@ -52,7 +52,7 @@ fn positions(text: &str, word: &str) -> Vec<usize> {
 fn check(entry: &str, word: &str) {
     let text = "Alice saw the Cheshire cat, and the Cheshires smiled at the CHESHIRE moon.";
     let lexicon = Lexicon::parse(entry, "test").expect("lexicon");
-    let changed = lexicon.apply(text);
+    let changed = lexicon.apply(text, 800).expect("applies");
     let before = ids_by_word(text);
     let after = ids_by_word(&changed);
     assert_eq!(before.len(), text.split_whitespace().count(), "{before:?}");

@@ -10,6 +10,8 @@
 //! so common HTML ones (`&nbsp;`, `&mdash;`, `&eacute;`...) are replaced with their
 //! characters first and unknown ones dropped (with a warning); a stray `&` is escaped.
 //! A file that is still not well-formed XML is an error naming the file and position.
+//! The package file and `container.xml` go through the same replacement, so no entity a
+//! DTD declares is ever expanded anywhere (an "entity bomb" cannot take the memory).
 //! Paragraphs come from block elements (p, div, h1–h6, li, blockquote...); scripts,
 //! styles, navigation, SVG and MathML are dropped.
 //!
@@ -60,6 +62,9 @@ pub(crate) fn parse<R: Read + Seek>(
         .read(&opf_path, MAX_META_BYTES)?
         .ok_or_else(|| epub.broken(format!("the package file {opf_path} is missing")))?;
     let opf_text = decode(&opf_bytes);
+    // Entities declared in a DTD are never expanded (as in the chapters): one of 1 MiB
+    // used thousands of times would ask for gigabytes.
+    let opf_text = fix_entities(&opf_text, &mut EntityStats::default());
     let opf_xml = epub.parse_xml(&opf_text, &opf_path)?;
     let package = Package::from_xml(&opf_xml, dir_of(&opf_path));
     if package.spine.is_empty() {
@@ -272,6 +277,7 @@ impl<R: Read + Seek> Epub<R> {
     fn package_path(&mut self, warnings: &mut Vec<String>) -> Result<String, TextError> {
         if let Some(bytes) = self.read(CONTAINER, MAX_META_BYTES)? {
             let text = decode(&bytes);
+            let text = fix_entities(&text, &mut EntityStats::default());
             let xml = self.parse_xml(&text, CONTAINER)?;
             let path = xml
                 .descendants()

@@ -92,7 +92,7 @@ pub(crate) fn parse_text(
             Some(STDIN_ORIGIN) => Path::new("."),
             _ => origin.parent().unwrap_or(Path::new(".")),
         };
-        raw.meta.cover = Some(read_cover(&base.join(&cover), &cover, origin)?);
+        raw.meta.cover = Some(read_cover(&base.join(&cover), &cover, origin, Some(base))?);
     }
     build::build(raw, opts, origin)
 }
@@ -107,17 +107,46 @@ pub(crate) fn parse_epub<R: Read + Seek>(
     build::build(raw, opts, origin)
 }
 
-/// Reads a cover image (JPEG or PNG) named `shown` for the book `book`.
+/// Reads a cover image (JPEG or PNG) named `shown` for the book `book`: a regular file
+/// (a FIFO or device would block or never end), and, when `inside` is given (a cover the
+/// book itself names), one inside that folder once links are resolved: a book's front
+/// matter cannot make narrator read files from elsewhere.
 pub(crate) fn read_cover(
     path: &Path,
     shown: &str,
     book: &Path,
+    inside: Option<&Path>,
 ) -> Result<narrator_core::Cover, TextError> {
     let problem = |reason: String| TextError::Cover {
         path: book.to_path_buf(),
         cover: shown.to_owned(),
         reason,
     };
+    let opened = |e: std::io::Error| {
+        problem(format!(
+            "{} cannot be opened ({}); fix the path (relative to the book's folder) or leave the cover out",
+            path.display(),
+            e.kind()
+        ))
+    };
+    if let Some(dir) = inside {
+        let real = path.canonicalize().map_err(opened)?;
+        let root = dir.canonicalize().map_err(opened)?;
+        if !real.starts_with(&root) {
+            return Err(problem(format!(
+                "{} is outside the book's folder {}; put the cover beside the book, or give it \
+                 with --cover",
+                real.display(),
+                root.display()
+            )));
+        }
+    }
+    if !std::fs::metadata(path).map_err(opened)?.is_file() {
+        return Err(problem(format!(
+            "{} is not a regular file; give a JPEG or PNG file",
+            path.display()
+        )));
+    }
     let file = File::open(path).map_err(|e| {
         problem(format!(
             "{} cannot be opened ({}); fix the path (relative to the book's folder) or leave the cover out",

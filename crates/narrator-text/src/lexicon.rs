@@ -21,6 +21,9 @@
 //!   already `Mister`, numbers are words), just before phonemization. Text an earlier
 //!   entry produced inside `[[ ]]` is never matched again.
 //! - Several lexicons (the book's, then `--lexicon` files) are one list, in that order.
+//! - No entry may make a sentence longer than twice the sentence cap (800 characters by
+//!   default): a rule that feeds on its own output (`/(a+)/ = $1$1`) is an error naming
+//!   its file and line, not a book that grows without end.
 //!
 //! The replacement goes into the segment text itself, so a distributed job carries it
 //! in its messages and every worker says the same.
@@ -34,6 +37,9 @@ use regex::Regex;
 struct Entry {
     pattern: Regex,
     replacement: String,
+    /// Where it was written, for errors.
+    file: String,
+    line: usize,
 }
 
 /// Entries in order, with their source text (stored with a job).
@@ -98,6 +104,8 @@ impl Lexicon {
             entries.push(Entry {
                 pattern,
                 replacement: replacement.to_owned(),
+                file: file.to_owned(),
+                line: i + 1,
             });
         }
         Ok(Lexicon {
@@ -146,8 +154,11 @@ impl Lexicon {
         &self.source
     }
 
-    /// `sentence` with every entry applied in order, `[[ ]]` blocks left alone.
-    pub fn apply(&self, sentence: &str) -> String {
+    /// `sentence` with every entry applied in order, `[[ ]]` blocks left alone; an entry
+    /// that makes it longer than `limit` characters (or than it was, if it was longer) is
+    /// an error naming the entry.
+    pub fn apply(&self, sentence: &str, limit: usize) -> Result<String, LexiconError> {
+        let limit = limit.max(sentence.chars().count());
         let mut text = sentence.to_owned();
         for e in &self.entries {
             if !e.pattern.is_match(&text) {
@@ -158,8 +169,21 @@ impl Lexicon {
                     .replace_all(part, e.replacement.as_str())
                     .into_owned()
             });
+            let chars = text.chars().count();
+            if chars > limit {
+                let start: String = sentence.chars().take(40).collect();
+                return Err(LexiconError {
+                    file: e.file.clone(),
+                    line: e.line,
+                    reason: format!(
+                        "this entry makes the sentence \"{start}…\" {chars} characters long, \
+                         over the {limit} a sentence may grow to; make its replacement \
+                         shorter or its pattern narrower (does it match its own output?)"
+                    ),
+                });
+            }
         }
-        text
+        Ok(text)
     }
 }
 
@@ -210,22 +234,22 @@ mod tests {
         let l = lex("# names\nCheshire = Chesh-er\n\nNew York = Noo York\n");
         assert_eq!(l.len(), 2);
         assert_eq!(
-            l.apply("The Cheshire cat, CHESHIRE, cheshire; not Cheshires."),
+            l.apply("The Cheshire cat, CHESHIRE, cheshire; not Cheshires.", 800).expect("applies"),
             "The Chesh-er cat, Chesh-er, Chesh-er; not Cheshires."
         );
-        assert_eq!(l.apply("In New  York."), "In Noo York.");
+        assert_eq!(l.apply("In New  York.", 800).expect("applies"), "In Noo York.");
     }
 
     #[test]
     fn regexes_are_case_sensitive_and_take_groups() {
         let l = lex(r"/\bch (\d+)/ = chapter $1");
-        assert_eq!(l.apply("see ch 4, Ch 5"), "see chapter 4, Ch 5");
+        assert_eq!(l.apply("see ch 4, Ch 5", 800).expect("applies"), "see chapter 4, Ch 5");
     }
 
     #[test]
     fn phonemes_are_not_matched_again() {
         let l = lex("Nguyen = [[ŋwˈiən]]\nwˈiən = nope\nn = en\n");
-        assert_eq!(l.apply("Mr Nguyen"), "Mr [[ŋwˈiən]]");
+        assert_eq!(l.apply("Mr Nguyen", 800).expect("applies"), "Mr [[ŋwˈiən]]");
     }
 
     #[test]
@@ -246,9 +270,23 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_that_feeds_on_its_own_output_is_stopped_and_named() {
+        let l = lex("Cheshire = Chesh-er\n# doubles every run of a's\n/(a+)/ = $1$1\n/(a+)/ = $1$1\n")
+            .then(Lexicon::parse("/(a+)/ = $1$1$1$1", "more.lexicon").expect("lexicon"));
+        // Doubling twice makes 16 characters 31, within 40; quadrupling then passes it.
+        let e = l.apply("a cat and a rat.", 40).expect_err("grows too long");
+        assert_eq!((e.file.as_str(), e.line), ("more.lexicon", 1), "{e}");
+        assert!(e.to_string().contains("91 characters long, over the 40"), "{e}");
+        // With room, each entry applies once, in order.
+        assert_eq!(l.apply("a", 800).expect("fits"), "aaaaaaaaaaaaaaaa");
+        // A sentence already longer than the limit may keep its length.
+        assert_eq!(lex("x = y").apply("xxxx x", 3).expect("same length"), "xxxx y");
+    }
+
+    #[test]
     fn lexicons_chain_in_order() {
         let l = lex("a = b").then(lex("b = c"));
-        assert_eq!(l.apply("a"), "c");
+        assert_eq!(l.apply("a", 800).expect("applies"), "c");
         assert_eq!(l.source(), "a = b\nb = c");
     }
 }

@@ -126,19 +126,22 @@ pub struct Paragraph {
 
 impl Document {
     /// Applies a pronunciation lexicon to every sentence (not to titles: they are also
-    /// the tags and file names, as written).
-    pub fn apply_lexicon(&mut self, lexicon: &Lexicon) {
+    /// the tags and file names, as written). No entry may make a sentence longer than
+    /// twice `opts.max_sentence_chars` (see [`Lexicon::apply`]).
+    pub fn apply_lexicon(&mut self, lexicon: &Lexicon, opts: &LoadOptions) -> Result<(), LexiconError> {
         if lexicon.is_empty() {
-            return;
+            return Ok(());
         }
+        let limit = opts.max_sentence_chars.max(1).saturating_mul(2);
         for s in self
             .chapters
             .iter_mut()
             .flat_map(|c| &mut c.paragraphs)
             .flat_map(|p| &mut p.sentences)
         {
-            *s = lexicon.apply(s);
+            *s = lexicon.apply(s, limit)?;
         }
+        Ok(())
     }
 
     /// Number of sentences in the whole document.
@@ -174,7 +177,7 @@ pub fn parse_document(
 /// Reads a cover image given on the command line (JPEG or PNG, at most
 /// [`narrator_core::MAX_COVER_BYTES`]); `book` names the input in the error.
 pub fn load_cover(path: &Path, book: &Path) -> Result<narrator_core::Cover, TextError> {
-    input::read_cover(path, &path.display().to_string(), book)
+    input::read_cover(path, &path.display().to_string(), book, None)
 }
 
 /// Parses an EPUB held in memory (e.g. read from stdin).

@@ -163,6 +163,13 @@ struct FrontMatter {
 fn front_matter(yaml: &str) -> FrontMatter {
     use yaml_rust2::{Yaml, YamlLoader};
     let mut front = FrontMatter::default();
+    if let Some(why) = unsafe_yaml(yaml) {
+        front.warnings.push(format!(
+            "front matter {why}, which narrator does not read (aliases and deep or huge \
+             documents can take a machine's memory); its title, author and cover are ignored"
+        ));
+        return front;
+    }
     let docs = match YamlLoader::load_from_str(yaml) {
         Ok(docs) => docs,
         Err(e) => {
@@ -201,9 +208,84 @@ fn front_matter(yaml: &str) -> FrontMatter {
     front
 }
 
+/// Most nodes front matter may have (a book's metadata has a few dozen).
+const MAX_YAML_NODES: usize = 10_000;
+/// Deepest nesting front matter may have.
+const MAX_YAML_DEPTH: usize = 32;
+
+/// Why `yaml` must not be loaded, read from its events without building it: an alias
+/// (the loader copies the aliased node at every use, so a few lines can ask for
+/// gigabytes), more than [`MAX_YAML_NODES`] nodes or deeper than [`MAX_YAML_DEPTH`].
+/// Syntax errors are left to the loader to report.
+fn unsafe_yaml(yaml: &str) -> Option<String> {
+    use yaml_rust2::parser::{Event, Parser};
+    let mut parser = Parser::new_from_str(yaml);
+    let (mut nodes, mut depth) = (0usize, 0usize);
+    loop {
+        let (event, mark) = parser.next_token().ok()?;
+        match event {
+            Event::StreamEnd => return None,
+            Event::Alias(_) => {
+                return Some(format!(
+                    "uses a YAML alias (line {})",
+                    mark.line()
+                ));
+            }
+            Event::SequenceStart(..) | Event::MappingStart(..) => {
+                depth += 1;
+                nodes += 1;
+                if depth > MAX_YAML_DEPTH {
+                    return Some(format!("nests deeper than {MAX_YAML_DEPTH} levels"));
+                }
+            }
+            Event::SequenceEnd | Event::MappingEnd => depth = depth.saturating_sub(1),
+            Event::Scalar(..) => nodes += 1,
+            _ => {}
+        }
+        if nodes > MAX_YAML_NODES {
+            return Some(format!("has more than {MAX_YAML_NODES} nodes"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn front_matter_with_aliases_or_too_many_nodes_is_refused_with_a_warning_fast() {
+        // A small "billion laughs": six levels of ten aliases are a million strings once
+        // loaded; read as events it is a few dozen lines.
+        let mut yaml = String::from("a: &a [\"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\"]\n");
+        for (prev, name) in ["a", "b", "c", "d", "e"].iter().zip(["b", "c", "d", "e", "f"]) {
+            let refs = vec![format!("*{prev}"); 10].join(", ");
+            yaml.push_str(&format!("{name}: &{name} [{refs}]\n"));
+        }
+        yaml.push_str("title: Bomb\n");
+        let md = format!("---\n{yaml}---\n\n## One\n\nText.\n");
+        let started = std::time::Instant::now();
+        let book = parse(&md);
+        assert_eq!(book.title, None, "nothing is read from it");
+        assert_eq!(book.warnings.len(), 1, "{:?}", book.warnings);
+        assert!(
+            book.warnings[0].contains("uses a YAML alias (line 2)"),
+            "{:?}",
+            book.warnings
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "read without loading");
+        // Too many nodes, or too deep, without any alias.
+        let many = format!(
+            "---\ntitle: Big\nlist: [{}]\n---\n\nText.\n",
+            vec!["x"; MAX_YAML_NODES + 1].join(", ")
+        );
+        let book = parse(&many);
+        assert!(book.warnings[0].contains("more than 10000 nodes"), "{:?}", book.warnings);
+        let deep = format!("---\ntitle: Deep\nx: {}{}\n---\n\nText.\n", "[".repeat(40), "]".repeat(40));
+        let book = parse(&deep);
+        assert!(book.warnings[0].contains("deeper than 32"), "{:?}", book.warnings);
+        // Ordinary front matter is still read.
+        assert_eq!(unsafe_yaml("title: A\nauthors: [B, C]\n"), None);
+    }
 
     fn titles(book: &RawBook) -> Vec<Option<&str>> {
         book.chapters.iter().map(|c| c.title.as_deref()).collect()

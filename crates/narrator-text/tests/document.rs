@@ -711,6 +711,34 @@ fn metadata_epub(metadata: &str, manifest_extra: &str, cover: Option<(&str, &[u8
 }
 
 #[test]
+fn entities_a_dtd_declares_in_the_package_or_container_are_never_expanded() {
+    // 64 KiB used 2,000 times would be a 128 MB title (and 1 MiB × 5,000, 5 GB).
+    let big = "x".repeat(64 * 1024);
+    let refs = "&big;".repeat(2_000);
+    let container = format!(
+        r#"<?xml version="1.0"?><!DOCTYPE container [<!ENTITY big "{big}">]><container><rootfiles><rootfile full-path="OPS/book.opf" media-type="&big;"/></rootfiles></container>"#
+    );
+    let opf = format!(
+        r#"<?xml version="1.0"?>
+<!DOCTYPE package [<!ENTITY big "{big}">]>
+<package xmlns="http://www.idpf.org/2007/opf" version="2.0">
+  <metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>Bomb{refs}</dc:title></metadata>
+  <manifest><item id="c1" href="c1.xhtml" media-type="application/xhtml+xml"/></manifest>
+  <spine><itemref idref="c1"/></spine>
+</package>"#
+    );
+    let ch = r#"<html xmlns="http://www.w3.org/1999/xhtml"><body><h1>One</h1><p>A line of text.</p></body></html>"#;
+    let bytes = epub_of(&[
+        ("META-INF/container.xml", container.as_bytes()),
+        ("OPS/book.opf", opf.as_bytes()),
+        ("OPS/c1.xhtml", ch.as_bytes()),
+    ]);
+    let doc = parse_epub_bytes(&bytes, &opts()).expect("parses");
+    assert_eq!(doc.title.as_deref(), Some("Bomb"), "the references are dropped");
+    assert_eq!(all_sentences(&doc), ["A line of text."]);
+}
+
+#[test]
 fn epub_metadata_and_cover_come_with_the_document() {
     // EPUB 2: roles in opf:role, dates by event, the cover named by <meta name="cover">.
     let epub2 = metadata_epub(
@@ -801,4 +829,34 @@ fn markdown_front_matter_cover_is_read_relative_to_the_book() {
     );
     let err = load_document(&gif, &opts()).expect_err("gif cover");
     assert!(err.to_string().contains("JPEG or PNG"), "{err}");
+    // The book's own front matter may not reach outside its folder: by `..`, by an
+    // absolute path, or through a link; and a FIFO is refused, not waited on.
+    let outside = tempfile::tempdir().expect("tempdir");
+    let secret = write_file(outside.path(), "secret.jpg", JPEG);
+    std::os::unix::fs::symlink(&secret, dir.path().join("img/link.jpg")).expect("symlink");
+    let fifo = dir.path().join("img/fifo.jpg");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    for (cover, says) in [
+        (format!("../{}/secret.jpg", outside.path().file_name().unwrap().to_string_lossy()), "outside the book's folder"),
+        (secret.display().to_string(), "outside the book's folder"),
+        ("img/link.jpg".to_string(), "outside the book's folder"),
+        ("img/fifo.jpg".to_string(), "not a regular file"),
+    ] {
+        let md = write_file(
+            dir.path(),
+            "escape.md",
+            format!("---\ncover: {cover}\n---\n\nText.\n").as_bytes(),
+        );
+        let err = load_document(&md, &opts()).expect_err(&cover);
+        assert_eq!(err.kind(), "cover", "{cover}: {err}");
+        assert!(err.to_string().contains(says), "{cover}: {err}");
+    }
+    // Given on the command line, a cover may be anywhere (still a regular file).
+    assert!(narrator_text::load_cover(&secret, &path).is_ok());
+    let err = narrator_text::load_cover(&fifo, &path).expect_err("fifo");
+    assert!(err.to_string().contains("not a regular file"), "{err}");
 }

@@ -101,14 +101,15 @@ impl GuardedQueue {
             if group.is_empty() {
                 return Ok(None);
             }
+            // Each message is checked alone first: one that no segment can match is
+            // dead-lettered with its reason, and the rest of its group goes on.
             let mut parsed = Vec::with_capacity(group.len());
             for d in group {
-                match Uuid::parse_str(&d.job_id) {
+                match addressable(&d.job_id, d.segment.index) {
                     Ok(job) => parsed.push((job, d)),
-                    Err(_) => {
-                        let decision = Decision::DeadLetter {
-                            reason: format!("job id '{}' is not a UUID", d.job_id),
-                        };
+                    Err(reason) => {
+                        tracing::warn!(job = %d.job_id, index = d.segment.index, %reason, "dead-lettering a message that names no segment");
+                        let decision = Decision::DeadLetter { reason };
                         self.inner.settle(d.ticket, decision).await?;
                     }
                 }
@@ -119,6 +120,8 @@ impl GuardedQueue {
                     job: *job,
                     index: d.segment.index,
                     returned: d.ticket.returned(),
+                    // What is synthesized must be what was submitted: the database's.
+                    content: Some((d.segment.text.clone(), d.segment.speaker)),
                 })
                 .collect();
             let checks = match narrator_db::check_deliveries(
@@ -167,6 +170,16 @@ impl GuardedQueue {
                     reason,
                 };
                 match history.check {
+                    SegmentCheck::Mismatch => {
+                        let reason = format!(
+                            "the message's text or speaker for segment {index} of job {job} is not \
+                             the one recorded in the database (forged or corrupted); refused"
+                        );
+                        tracing::warn!(%job, index, "{reason}");
+                        self.inner
+                            .settle(ticket.inner, Decision::DeadLetter { reason })
+                            .await?;
+                    }
                     SegmentCheck::Work if history.engine_crashes >= MAX_ENGINE_CRASHES => {
                         let failure = given_up(
                             "engine_crash",
@@ -225,6 +238,19 @@ impl GuardedQueue {
             }
         }
     }
+}
+
+/// The job of a message that can name a segment, or why it cannot: its job id is not a
+/// UUID, or its index is past the largest a segment can have (the database's `int4`).
+fn addressable(job_id: &str, index: u32) -> Result<Uuid, String> {
+    let job = Uuid::parse_str(job_id).map_err(|_| format!("job id '{job_id}' is not a UUID"))?;
+    if i32::try_from(index).is_err() {
+        return Err(format!(
+            "segment index {index} is out of range (at most {})",
+            i32::MAX
+        ));
+    }
+    Ok(job)
 }
 
 /// (job, index) pairs of a batch, with job ids parsed (the guard let only UUIDs through).

@@ -27,6 +27,8 @@ pub struct Describe {
     pub(crate) device: String,
     pub(crate) hardware: serde_json::Value,
     pub(crate) instance: Uuid,
+    /// After how long without a beat peers count this worker gone.
+    pub(crate) stale_after: std::time::Duration,
     pub(crate) reports: Vec<Report>,
     pub(crate) outages: Arc<crate::outage::Outages>,
     /// (when, busy seconds per voice) at the last beat.
@@ -95,6 +97,7 @@ impl Describe {
             hardware: self.hardware.clone(),
             plan: serde_json::Value::Array(plans),
             instance: Some(self.instance),
+            stale_after: Some(self.stale_after),
         }
     }
 }

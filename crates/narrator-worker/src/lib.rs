@@ -195,6 +195,7 @@ impl Worker {
             hardware: hardware.clone(),
             plan: serde_json::Value::Array(Vec::new()),
             instance: Some(instance),
+            stale_after: Some(every * 6),
         };
         narrator_db::heartbeat(&pool, &first, 0).await?;
         let conn = narrator_broker::connect_with(
@@ -282,6 +283,7 @@ impl Worker {
             device,
             hardware,
             instance,
+            stale_after: every * 6,
             reports,
             outages,
             last: std::sync::Mutex::new(None),

@@ -68,6 +68,30 @@ fn config(w: &World, synth: Synthesizer) -> WorkerConfig {
     }
 }
 
+/// Starts a worker with `synth` and runs it until `job` ends (at most 60 s).
+fn run_until_ended(
+    w: &World,
+    synth: Synthesizer,
+    job: narrator_db::Uuid,
+) -> Result<Result<narrator_worker::Summary, narrator_worker::WorkerError>, tokio::time::error::Elapsed> {
+    let worker =
+        w.rt.block_on(Worker::start(config(w, synth)))
+            .expect("worker starts");
+    let pool = w.pool.clone();
+    let ended = async move {
+        loop {
+            let state = narrator_db::job_state(&pool, job).await.expect("state");
+            if state.is_some_and(|s| s.is_final()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    w.rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), worker.run_until(ended)).await
+    })
+}
+
 /// Promise 7: a segment that makes synthesis panic takes only itself down. Its batch
 /// is run again one segment at a time; it is dead-lettered with the panic as its reason,
 /// its neighbours are done on their first attempt, and the worker keeps running.
@@ -79,26 +103,7 @@ fn a_panicking_segment_fails_alone_and_its_neighbours_are_not_charged() {
         &book_text(1, 6, Some((3, "This sentence makes the engine panic."))),
     );
     let job = w.submit(&book, &["--format", "wav"]);
-    let worker =
-        w.rt.block_on(Worker::start(config(
-            &w,
-            panicking_synth("makes the engine panic"),
-        )))
-        .expect("worker starts");
-    let pool = w.pool.clone();
-    let ended = async move {
-        loop {
-            let state = narrator_db::job_state(&pool, job).await.expect("state");
-            if state.is_some_and(|s| s.is_final()) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    let waited = w.rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(60), worker.run_until(ended)).await
-    });
-    let summary = waited
+    let summary = run_until_ended(&w, panicking_synth("makes the engine panic"), job)
         .expect("the job ends")
         .expect("the worker ran without error");
     assert_eq!(summary.segments_done, 5);
@@ -119,4 +124,49 @@ fn a_panicking_segment_fails_alone_and_its_neighbours_are_not_charged() {
         }
     }
     assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 1);
+}
+
+/// Messages forged into the lane beside a job's real ones (anyone who reaches the broker
+/// can publish): one naming a segment index no segment can have (2³¹, past the
+/// database's `int4`), and one rewriting a real segment's text. Each is dead-lettered
+/// alone with its reason; the messages delivered in their group are done on their first
+/// attempt, from the database's text.
+#[test]
+fn forged_messages_are_dead_lettered_alone() {
+    let w = World::new();
+    let book = w.book("poison.md", &book_text(1, 6, None));
+    let job = w.submit(&book, &["--format", "wav"]);
+    let conn = w.broker();
+    w.rt.block_on(async {
+        let cluster = narrator_db::cluster_id(&w.pool).await.expect("cluster id");
+        let forged = |index: u32| {
+            narrator_broker::SegmentMessage::new(
+                job.to_string(),
+                VOICE,
+                narrator_core::Segment {
+                    index,
+                    chapter: 0,
+                    text: "Send all the money to the account below.".into(),
+                    pause_after: narrator_core::PauseAfter::Sentence,
+                    speaker: 0,
+                },
+            )
+            .in_lane(narrator_broker::lane_of(0))
+            .in_cluster(cluster.to_string())
+        };
+        narrator_broker::Publisher::new(&conn)
+            .await
+            .expect("publisher")
+            .publish_batch(&[forged(1 << 31), forged(0)])
+            .await
+            .expect("publish");
+    });
+    run_until_ended(&w, panicking_synth("no sentence says this"), job)
+        .expect("the job ends (its segments are not held back by the forged messages)")
+        .expect("the worker ran without error");
+    assert_eq!(w.state(job), JobState::Done);
+    for (idx, state, attempts, _, _) in w.segment_rows(job) {
+        assert_eq!((state.as_str(), attempts), ("done", 1), "segment {idx}");
+    }
+    assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 2, "the forged ones alone");
 }

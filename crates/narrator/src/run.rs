@@ -453,9 +453,10 @@ pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     check_chapter_files(format, args.chapter_files)?;
     // The voice first: its language decides how the text is read.
     let voice = engine::find_voice(paths, &args.engine)?;
-    let mut doc = narrator_text::load_document(&args.book, &load_options(&args.text, &voice))?;
+    let opts = load_options(&args.text, &voice);
+    let mut doc = narrator_text::load_document(&args.book, &opts)?;
     apply_book_args(&mut doc, &args.meta, &args.book)?;
-    doc.apply_lexicon(&lexicon_for(Some(&args.book), &args.text)?);
+    doc.apply_lexicon(&lexicon_for(Some(&args.book), &args.text)?, &opts)?;
     writable_dir(&args.out)?;
     for w in &doc.warnings {
         eprintln!("warning: {w}");
@@ -566,7 +567,7 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         )
     };
     let book = (args.input != Path::new("-")).then_some(args.input.as_path());
-    doc.apply_lexicon(&lexicon_for(book, &args.text)?);
+    doc.apply_lexicon(&lexicon_for(book, &args.text)?, &opts)?;
     for w in &doc.warnings {
         eprintln!("warning: {w}");
     }

