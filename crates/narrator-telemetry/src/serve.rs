@@ -1,7 +1,8 @@
 //! The worker's HTTP endpoints: `/metrics` (Prometheus text format), `/healthz` (the
 //! process is alive and its loops tick) and `/readyz` (it can take work: every readiness
 //! check holds). Both probes answer 200 or 503 with a JSON body that says which check
-//! failed.
+//! failed. `/readyz` names the failing checks only: what they saw (a database's error
+//! text, say) goes to the log, not to whoever can reach the port.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -44,9 +45,14 @@ impl Health {
         }
     }
 
-    /// Sets a readiness check (`engines`, `broker`, `database`, ...), with what it saw.
+    /// Sets a readiness check (`engines`, `broker`, `database`, ...), with what it saw
+    /// (logged when the check fails; never served).
     pub fn set(&self, check: &str, ok: bool, detail: impl Into<String>) {
-        lock(&self.checks).insert(check.to_string(), (ok, detail.into()));
+        let detail = detail.into();
+        if !ok {
+            tracing::warn!(check, detail = %detail, "readiness check failing");
+        }
+        lock(&self.checks).insert(check.to_string(), (ok, detail));
         metrics::gauge!(crate::metrics::READY).set(if self.ready().0 { 1.0 } else { 0.0 });
     }
 
@@ -70,7 +76,24 @@ impl Health {
         )
     }
 
-    /// Whether the worker can take work: at least one check set and all of them hold.
+    /// What `/readyz` serves: whether the worker can take work, each check's state and
+    /// the names of those failing, without what they saw.
+    pub fn ready_public(&self) -> (bool, Value) {
+        let checks = lock(&self.checks);
+        let ok = !checks.is_empty() && checks.values().all(|(ok, _)| *ok);
+        let states: serde_json::Map<String, Value> = checks
+            .iter()
+            .map(|(k, (ok, _))| (k.clone(), json!({"ok": ok})))
+            .collect();
+        let failing: Vec<&String> = checks.iter().filter(|(_, (ok, _))| !ok).map(|(k, _)| k).collect();
+        (
+            ok,
+            json!({"status": if ok { "ready" } else { "not ready" }, "checks": states, "failing": failing}),
+        )
+    }
+
+    /// Whether the worker can take work: at least one check set and all of them hold,
+    /// with what each check saw (for logs and tests; `/readyz` serves [`Health::ready_public`]).
     pub fn ready(&self) -> (bool, Value) {
         let checks = lock(&self.checks);
         let ok = !checks.is_empty() && checks.values().all(|(ok, _)| *ok);
@@ -123,7 +146,7 @@ async fn healthz(State(s): State<Shared>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<Shared>) -> impl IntoResponse {
-    probe(s.health.ready())
+    probe(s.health.ready_public())
 }
 
 /// A running listener.
@@ -182,6 +205,15 @@ mod tests {
         let (ok, body) = h.ready();
         assert!(!ok);
         assert_eq!(body["checks"]["broker"]["detail"], "connecting");
+        // Served: the failing check's name, not what it saw.
+        h.set("database", false, "password authentication failed for user \"narrator\"");
+        let (ok, public) = h.ready_public();
+        assert!(!ok);
+        assert_eq!(public["failing"], json!(["broker", "database"]));
+        assert_eq!(public["checks"]["engines"]["ok"], true);
+        assert!(!public.to_string().contains("password"), "{public}");
+        assert!(!public.to_string().contains("connecting"), "{public}");
+        h.set("database", true, "reachable");
         h.set("broker", true, "consuming");
         assert!(h.ready().0);
 
