@@ -182,6 +182,25 @@ pub enum S3Error {
         /// The key.
         key: String,
     },
+    /// The server rejected the request as such (HTTP 4xx other than 403, 404, 408 and
+    /// 429: a bad request, a key or object too large, a quota): it will not succeed by
+    /// being sent again.
+    #[error(
+        "S3 rejected {action} at {endpoint} with HTTP {status} ({code}); sending it again will not help: fix the cause (a quota, a size limit, a key too long) and retry the job"
+    )]
+    Rejected {
+        /// The operation and its key.
+        action: String,
+        /// The endpoint URL.
+        endpoint: String,
+        /// The HTTP status.
+        status: u16,
+        /// The server's error code, or `unknown`.
+        code: String,
+        /// The SDK error.
+        #[source]
+        source: BoxError,
+    },
     /// Any other failed request.
     #[error(
         "S3 {action} failed at {endpoint}: {detail}; retry, and check the server's log if it persists"
@@ -219,10 +238,12 @@ pub enum S3Error {
 
 impl S3Error {
     /// A stable word for metrics and `failure_kind`: `store_config` for settings that
-    /// cannot work, `store_io` (transient: retry) for everything else.
+    /// cannot work, `store_rejected` for requests the server refuses as such, `store_io`
+    /// (transient: retry) for everything else.
     pub fn kind(&self) -> &'static str {
         match self {
             S3Error::Config { .. } => "store_config",
+            S3Error::Rejected { .. } => "store_rejected",
             _ => "store_io",
         }
     }
@@ -232,9 +253,10 @@ impl S3Error {
     pub fn retry_class(&self) -> narrator_core::RetryClass {
         use narrator_core::RetryClass;
         match self {
-            S3Error::Config { .. } | S3Error::Audio { .. } | S3Error::LocalIo { .. } => {
-                RetryClass::Permanent
-            }
+            S3Error::Config { .. }
+            | S3Error::Audio { .. }
+            | S3Error::LocalIo { .. }
+            | S3Error::Rejected { .. } => RetryClass::Permanent,
             S3Error::NotFound { .. } => RetryClass::Transient,
             _ => RetryClass::Infrastructure,
         }
@@ -835,6 +857,15 @@ impl S3AudioStore {
                 key: key.to_owned(),
             };
         }
+        if let Some(status) = status.filter(|&s| rejects(s)) {
+            return S3Error::Rejected {
+                action,
+                endpoint: self.endpoint.clone(),
+                status,
+                code: code.unwrap_or_else(|| "unknown".into()),
+                source: Box::new(err),
+            };
+        }
         S3Error::Request {
             action,
             endpoint: self.endpoint.clone(),
@@ -842,6 +873,13 @@ impl S3AudioStore {
             source: Box::new(err),
         }
     }
+}
+
+/// Whether an HTTP status says the request itself is refused (4xx), not that the server
+/// is busy or slow (408 Request Timeout, 429 Too Many Requests) or away (5xx). 403 and
+/// 404 have errors of their own.
+fn rejects(status: u16) -> bool {
+    (400..500).contains(&status) && !matches!(status, 403 | 404 | 408 | 429)
 }
 
 impl AudioStore for S3AudioStore {
@@ -929,6 +967,16 @@ impl AudioStore for S3AudioStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_errors_are_rejections_but_throttling_and_timeouts_are_not() {
+        for s in [400, 409, 411, 413, 414, 431] {
+            assert!(rejects(s), "{s}");
+        }
+        for s in [403, 404, 408, 429, 500, 502, 503, 200, 301] {
+            assert!(!rejects(s), "{s}");
+        }
+    }
 
     #[test]
     fn debug_hides_the_secret() {

@@ -331,3 +331,20 @@ async fn debug_never_shows_the_secret() {
     let store = S3AudioStore::connect(cfg).await.unwrap();
     assert!(!format!("{store:?}").contains(&secret));
 }
+
+/// A request the server rejects as such (HTTP 4xx other than 403, 404, 408 and 429: here
+/// a key past S3's 1,024-byte limit) will not succeed by waiting: it is permanent, and
+/// says what the server answered; it is not an outage to postpone for ever.
+#[tokio::test]
+async fn a_request_the_server_rejects_is_permanent_not_an_outage() {
+    let store = S3AudioStore::connect(config()).await.unwrap();
+    let audio = SegmentAudio {
+        sample_rate: 22050,
+        samples: vec![0; 100],
+    };
+    let long_job = "j".repeat(2000);
+    let err = store.put_segment(&long_job, 0, &audio).await.unwrap_err();
+    assert_eq!(err.class, narrator_core::RetryClass::Permanent, "{}", err.message);
+    assert_eq!(err.kind, "store_rejected", "{}", err.message);
+    assert!(err.message.contains("HTTP 400 (KeyTooLongError)"), "{}", err.message);
+}
