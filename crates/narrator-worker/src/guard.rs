@@ -219,7 +219,9 @@ impl GuardedQueue {
                         self.inner.settle(ticket.inner, Decision::Release).await?;
                     }
                     SegmentCheck::Work => ready.push_back(Delivery {
-                        job_id: d.job_id,
+                        // Canonical from here on: store keys, records and clean-up name a
+                        // job one way (`{…}`, `urn:uuid:` or upper-case forms parse too).
+                        job_id: job.to_string(),
                         segment: d.segment,
                         attempt: d.attempt,
                         enqueued_at_ms: d.enqueued_at_ms,

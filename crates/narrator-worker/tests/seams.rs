@@ -170,3 +170,46 @@ fn forged_messages_are_dead_lettered_alone() {
     }
     assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 2, "the forged ones alone");
 }
+
+/// A message naming its job in another form of the same UUID (braced, upper-case) is
+/// worked under the job's canonical id: its audio goes under the job's own keys, which the
+/// assembler cleans up, and nothing is left under the other form.
+#[test]
+fn a_job_id_in_another_form_is_worked_under_the_canonical_one() {
+    let w = World::new();
+    let book = w.book("forms.md", &book_text(1, 3, None));
+    let job = w.submit(&book, &["--format", "wav"]);
+    let odd = format!("{{{}}}", job.to_string().to_uppercase());
+    let conn = w.broker();
+    let store = w.store();
+    w.rt.block_on(async {
+        let cluster = narrator_db::cluster_id(&w.pool).await.expect("cluster id");
+        let segment = narrator_db::load_job(&w.pool, job)
+            .await
+            .expect("job")
+            .plan
+            .segments[1]
+            .clone();
+        let again = narrator_broker::SegmentMessage::new(odd.clone(), VOICE, segment)
+            .in_lane(narrator_broker::lane_of(0))
+            .in_cluster(cluster.to_string());
+        narrator_broker::Publisher::new(&conn)
+            .await
+            .expect("publisher")
+            .publish_batch(&[again])
+            .await
+            .expect("publish");
+    });
+    run_until_ended(&w, panicking_synth("no sentence says this"), job)
+        .expect("the job ends")
+        .expect("the worker ran without error");
+    assert_eq!(w.state(job), JobState::Done);
+    let left = w.rt.block_on(async {
+        let mut keys = Vec::new();
+        for prefix in store.intermediate_prefixes(&odd) {
+            keys.extend(store.list(&prefix).await.expect("list"));
+        }
+        keys
+    });
+    assert!(left.is_empty(), "objects under the other form of the id: {left:?}");
+}
