@@ -577,9 +577,14 @@ async fn a_delivery_whose_text_or_speaker_is_not_the_databases_is_a_mismatch(poo
         key(1, Some((text1, 1))),
         key(1, None),
     ];
-    let seen = check_deliveries(&pool, &keys, narrator_db::Uuid::new_v4(), Duration::from_secs(30))
-        .await
-        .expect("check");
+    let seen = check_deliveries(
+        &pool,
+        &keys,
+        narrator_db::Uuid::new_v4(),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("check");
     let checks: Vec<SegmentCheck> = seen.iter().map(|h| h.check).collect();
     assert_eq!(
         checks,
@@ -887,13 +892,15 @@ async fn a_worker_is_judged_gone_by_its_own_heartbeat_not_the_observers(pool: Pg
     narrator_db::mark_in_engine(&pool, slow, &[(job, 1)], true)
         .await
         .expect("mark");
-    sqlx::query("UPDATE jobs SET state = 'assembling', assembler = 'slow:1', assembler_instance = $1, \
-                 assembly_started_at = now() - interval '20 seconds' WHERE id = $2")
-        .bind(slow)
-        .bind(job)
-        .execute(&pool)
-        .await
-        .expect("claimed");
+    sqlx::query(
+        "UPDATE jobs SET state = 'assembling', assembler = 'slow:1', assembler_instance = $1, \
+                 assembly_started_at = now() - interval '20 seconds' WHERE id = $2",
+    )
+    .bind(slow)
+    .bind(job)
+    .execute(&pool)
+    .await
+    .expect("claimed");
     sqlx::query("UPDATE workers SET last_seen = now() - interval '20 seconds' WHERE id = 'slow:1'")
         .execute(&pool)
         .await
@@ -912,7 +919,9 @@ async fn a_worker_is_judged_gone_by_its_own_heartbeat_not_the_observers(pool: Pg
         returned: false,
         content: None,
     }];
-    let seen = check_deliveries(&pool, &key, fast, six).await.expect("check");
+    let seen = check_deliveries(&pool, &key, fast, six)
+        .await
+        .expect("check");
     assert_eq!(seen[0].engine_crashes, 0, "{seen:?}");
     // Past its own 60 s it is gone, for every observer.
     for aged in [
@@ -1070,14 +1079,12 @@ async fn a_retry_gives_every_failed_segment_a_whole_new_budget(pool: PgPool) {
             .await
             .expect("returned");
     }
-    sqlx::query(
-        "UPDATE segments SET engine_by = $2 WHERE job_id = $1 AND idx = 0",
-    )
-    .bind(job)
-    .bind(narrator_db::Uuid::new_v4())
-    .execute(&pool)
-    .await
-    .expect("in a dead engine");
+    sqlx::query("UPDATE segments SET engine_by = $2 WHERE job_id = $1 AND idx = 0")
+        .bind(job)
+        .bind(narrator_db::Uuid::new_v4())
+        .execute(&pool)
+        .await
+        .expect("in a dead engine");
     let seen = check_deliveries(&pool, &[delivery(0, false)], me, stale)
         .await
         .expect("crash noticed");
@@ -1127,7 +1134,10 @@ async fn a_retry_gives_every_failed_segment_a_whole_new_budget(pool: PgPool) {
         .expect("beat");
     let st = job_status(&pool, job).await.expect("status").expect("job");
     assert!(
-        !st.waiting.as_deref().unwrap_or("").contains("published again"),
+        !st.waiting
+            .as_deref()
+            .unwrap_or("")
+            .contains("published again"),
         "{:?}",
         st.waiting
     );

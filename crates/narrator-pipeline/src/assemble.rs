@@ -968,7 +968,11 @@ mod tests {
         let l = layout(&p, &recs, &Pauses::default(), 1000, AudioFormat::Mp3, true);
         assert_eq!(l.chapters[0].file.as_deref(), Some("01-intro.mp3"));
         assert_eq!(l.book_file, "book-01-intro.mp3");
-        let mut names: Vec<&str> = l.chapters.iter().filter_map(|c| c.file.as_deref()).collect();
+        let mut names: Vec<&str> = l
+            .chapters
+            .iter()
+            .filter_map(|c| c.file.as_deref())
+            .collect();
         names.push(&l.book_file);
         let count = names.len();
         names.sort_unstable();

@@ -344,7 +344,16 @@ async fn a_request_the_server_rejects_is_permanent_not_an_outage() {
     };
     let long_job = "j".repeat(2000);
     let err = store.put_segment(&long_job, 0, &audio).await.unwrap_err();
-    assert_eq!(err.class, narrator_core::RetryClass::Permanent, "{}", err.message);
+    assert_eq!(
+        err.class,
+        narrator_core::RetryClass::Permanent,
+        "{}",
+        err.message
+    );
     assert_eq!(err.kind, "store_rejected", "{}", err.message);
-    assert!(err.message.contains("HTTP 400 (KeyTooLongError)"), "{}", err.message);
+    assert!(
+        err.message.contains("HTTP 400 (KeyTooLongError)"),
+        "{}",
+        err.message
+    );
 }

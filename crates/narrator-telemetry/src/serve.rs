@@ -85,7 +85,11 @@ impl Health {
             .iter()
             .map(|(k, (ok, _))| (k.clone(), json!({"ok": ok})))
             .collect();
-        let failing: Vec<&String> = checks.iter().filter(|(_, (ok, _))| !ok).map(|(k, _)| k).collect();
+        let failing: Vec<&String> = checks
+            .iter()
+            .filter(|(_, (ok, _))| !ok)
+            .map(|(k, _)| k)
+            .collect();
         (
             ok,
             json!({"status": if ok { "ready" } else { "not ready" }, "checks": states, "failing": failing}),
@@ -206,7 +210,11 @@ mod tests {
         assert!(!ok);
         assert_eq!(body["checks"]["broker"]["detail"], "connecting");
         // Served: the failing check's name, not what it saw.
-        h.set("database", false, "password authentication failed for user \"narrator\"");
+        h.set(
+            "database",
+            false,
+            "password authentication failed for user \"narrator\"",
+        );
         let (ok, public) = h.ready_public();
         assert!(!ok);
         assert_eq!(public["failing"], json!(["broker", "database"]));

@@ -234,16 +234,23 @@ mod tests {
         let l = lex("# names\nCheshire = Chesh-er\n\nNew York = Noo York\n");
         assert_eq!(l.len(), 2);
         assert_eq!(
-            l.apply("The Cheshire cat, CHESHIRE, cheshire; not Cheshires.", 800).expect("applies"),
+            l.apply("The Cheshire cat, CHESHIRE, cheshire; not Cheshires.", 800)
+                .expect("applies"),
             "The Chesh-er cat, Chesh-er, Chesh-er; not Cheshires."
         );
-        assert_eq!(l.apply("In New  York.", 800).expect("applies"), "In Noo York.");
+        assert_eq!(
+            l.apply("In New  York.", 800).expect("applies"),
+            "In Noo York."
+        );
     }
 
     #[test]
     fn regexes_are_case_sensitive_and_take_groups() {
         let l = lex(r"/\bch (\d+)/ = chapter $1");
-        assert_eq!(l.apply("see ch 4, Ch 5", 800).expect("applies"), "see chapter 4, Ch 5");
+        assert_eq!(
+            l.apply("see ch 4, Ch 5", 800).expect("applies"),
+            "see chapter 4, Ch 5"
+        );
     }
 
     #[test]
@@ -271,16 +278,23 @@ mod tests {
 
     #[test]
     fn an_entry_that_feeds_on_its_own_output_is_stopped_and_named() {
-        let l = lex("Cheshire = Chesh-er\n# doubles every run of a's\n/(a+)/ = $1$1\n/(a+)/ = $1$1\n")
-            .then(Lexicon::parse("/(a+)/ = $1$1$1$1", "more.lexicon").expect("lexicon"));
+        let l =
+            lex("Cheshire = Chesh-er\n# doubles every run of a's\n/(a+)/ = $1$1\n/(a+)/ = $1$1\n")
+                .then(Lexicon::parse("/(a+)/ = $1$1$1$1", "more.lexicon").expect("lexicon"));
         // Doubling twice makes 16 characters 31, within 40; quadrupling then passes it.
         let e = l.apply("a cat and a rat.", 40).expect_err("grows too long");
         assert_eq!((e.file.as_str(), e.line), ("more.lexicon", 1), "{e}");
-        assert!(e.to_string().contains("91 characters long, over the 40"), "{e}");
+        assert!(
+            e.to_string().contains("91 characters long, over the 40"),
+            "{e}"
+        );
         // With room, each entry applies once, in order.
         assert_eq!(l.apply("a", 800).expect("fits"), "aaaaaaaaaaaaaaaa");
         // A sentence already longer than the limit may keep its length.
-        assert_eq!(lex("x = y").apply("xxxx x", 3).expect("same length"), "xxxx y");
+        assert_eq!(
+            lex("x = y").apply("xxxx x", 3).expect("same length"),
+            "xxxx y"
+        );
     }
 
     #[test]

@@ -128,7 +128,11 @@ impl Document {
     /// Applies a pronunciation lexicon to every sentence (not to titles: they are also
     /// the tags and file names, as written). No entry may make a sentence longer than
     /// twice `opts.max_sentence_chars` (see [`Lexicon::apply`]).
-    pub fn apply_lexicon(&mut self, lexicon: &Lexicon, opts: &LoadOptions) -> Result<(), LexiconError> {
+    pub fn apply_lexicon(
+        &mut self,
+        lexicon: &Lexicon,
+        opts: &LoadOptions,
+    ) -> Result<(), LexiconError> {
         if lexicon.is_empty() {
             return Ok(());
         }

@@ -226,10 +226,7 @@ fn unsafe_yaml(yaml: &str) -> Option<String> {
         match event {
             Event::StreamEnd => return None,
             Event::Alias(_) => {
-                return Some(format!(
-                    "uses a YAML alias (line {})",
-                    mark.line()
-                ));
+                return Some(format!("uses a YAML alias (line {})", mark.line()));
             }
             Event::SequenceStart(..) | Event::MappingStart(..) => {
                 depth += 1;
@@ -256,8 +253,13 @@ mod tests {
     fn front_matter_with_aliases_or_too_many_nodes_is_refused_with_a_warning_fast() {
         // A small "billion laughs": six levels of ten aliases are a million strings once
         // loaded; read as events it is a few dozen lines.
-        let mut yaml = String::from("a: &a [\"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\"]\n");
-        for (prev, name) in ["a", "b", "c", "d", "e"].iter().zip(["b", "c", "d", "e", "f"]) {
+        let mut yaml = String::from(
+            "a: &a [\"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\"]\n",
+        );
+        for (prev, name) in ["a", "b", "c", "d", "e"]
+            .iter()
+            .zip(["b", "c", "d", "e", "f"])
+        {
             let refs = vec![format!("*{prev}"); 10].join(", ");
             yaml.push_str(&format!("{name}: &{name} [{refs}]\n"));
         }
@@ -272,17 +274,32 @@ mod tests {
             "{:?}",
             book.warnings
         );
-        assert!(started.elapsed() < std::time::Duration::from_secs(5), "read without loading");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "read without loading"
+        );
         // Too many nodes, or too deep, without any alias.
         let many = format!(
             "---\ntitle: Big\nlist: [{}]\n---\n\nText.\n",
             vec!["x"; MAX_YAML_NODES + 1].join(", ")
         );
         let book = parse(&many);
-        assert!(book.warnings[0].contains("more than 10000 nodes"), "{:?}", book.warnings);
-        let deep = format!("---\ntitle: Deep\nx: {}{}\n---\n\nText.\n", "[".repeat(40), "]".repeat(40));
+        assert!(
+            book.warnings[0].contains("more than 10000 nodes"),
+            "{:?}",
+            book.warnings
+        );
+        let deep = format!(
+            "---\ntitle: Deep\nx: {}{}\n---\n\nText.\n",
+            "[".repeat(40),
+            "]".repeat(40)
+        );
         let book = parse(&deep);
-        assert!(book.warnings[0].contains("deeper than 32"), "{:?}", book.warnings);
+        assert!(
+            book.warnings[0].contains("deeper than 32"),
+            "{:?}",
+            book.warnings
+        );
         // Ordinary front matter is still read.
         assert_eq!(unsafe_yaml("title: A\nauthors: [B, C]\n"), None);
     }

@@ -734,7 +734,11 @@ fn entities_a_dtd_declares_in_the_package_or_container_are_never_expanded() {
         ("OPS/c1.xhtml", ch.as_bytes()),
     ]);
     let doc = parse_epub_bytes(&bytes, &opts()).expect("parses");
-    assert_eq!(doc.title.as_deref(), Some("Bomb"), "the references are dropped");
+    assert_eq!(
+        doc.title.as_deref(),
+        Some("Bomb"),
+        "the references are dropped"
+    );
     assert_eq!(all_sentences(&doc), ["A line of text."]);
 }
 
@@ -841,7 +845,13 @@ fn markdown_front_matter_cover_is_read_relative_to_the_book() {
         .expect("mkfifo");
     assert!(made.success());
     for (cover, says) in [
-        (format!("../{}/secret.jpg", outside.path().file_name().unwrap().to_string_lossy()), "outside the book's folder"),
+        (
+            format!(
+                "../{}/secret.jpg",
+                outside.path().file_name().unwrap().to_string_lossy()
+            ),
+            "outside the book's folder",
+        ),
         (secret.display().to_string(), "outside the book's folder"),
         ("img/link.jpg".to_string(), "outside the book's folder"),
         ("img/fifo.jpg".to_string(), "not a regular file"),

@@ -73,7 +73,10 @@ fn run_until_ended(
     w: &World,
     synth: Synthesizer,
     job: narrator_db::Uuid,
-) -> Result<Result<narrator_worker::Summary, narrator_worker::WorkerError>, tokio::time::error::Elapsed> {
+) -> Result<
+    Result<narrator_worker::Summary, narrator_worker::WorkerError>,
+    tokio::time::error::Elapsed,
+> {
     let worker =
         w.rt.block_on(Worker::start(config(w, synth)))
             .expect("worker starts");
@@ -168,7 +171,11 @@ fn forged_messages_are_dead_lettered_alone() {
     for (idx, state, attempts, _, _) in w.segment_rows(job) {
         assert_eq!((state.as_str(), attempts), ("done", 1), "segment {idx}");
     }
-    assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 2, "the forged ones alone");
+    assert_eq!(
+        w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE),
+        2,
+        "the forged ones alone"
+    );
 }
 
 /// A message naming its job in another form of the same UUID (braced, upper-case) is
@@ -211,5 +218,8 @@ fn a_job_id_in_another_form_is_worked_under_the_canonical_one() {
         }
         keys
     });
-    assert!(left.is_empty(), "objects under the other form of the id: {left:?}");
+    assert!(
+        left.is_empty(),
+        "objects under the other form of the id: {left:?}"
+    );
 }

@@ -307,7 +307,10 @@ fn keep_voice_file(
         return Ok(());
     }
     if entries.iter().any(|(n, _)| *n == name) {
-        bail!("{}: it holds {name} twice; rebuild the archive", archive.display());
+        bail!(
+            "{}: it holds {name} twice; rebuild the archive",
+            archive.display()
+        );
     }
     let too_big = |limit: u64| {
         format!(
@@ -316,13 +319,14 @@ fn keep_voice_file(
         )
     };
     if is_config {
-        let bytes = read_bounded(entry, MAX_CONFIG_BYTES).with_context(|| too_big(MAX_CONFIG_BYTES))?;
+        let bytes =
+            read_bounded(entry, MAX_CONFIG_BYTES).with_context(|| too_big(MAX_CONFIG_BYTES))?;
         entries.push((name, Entry::Config(bytes)));
         return Ok(());
     }
     let staged = staging.join(format!("{}.onnx", entries.len()));
-    let mut file = std::fs::File::create(&staged)
-        .with_context(|| format!("writing {}", staged.display()))?;
+    let mut file =
+        std::fs::File::create(&staged).with_context(|| format!("writing {}", staged.display()))?;
     let copied = std::io::copy(&mut entry.take(MAX_MODEL_BYTES + 1), &mut file)
         .with_context(|| format!("reading {name} in {}", archive.display()))?;
     if copied > MAX_MODEL_BYTES {

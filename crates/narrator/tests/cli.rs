@@ -1194,10 +1194,22 @@ fn voices_install_from_a_wheel_a_folder_and_a_tar_gz_and_remove() {
     let not_onnx = vec![b'<'; 4096];
     let fake = targz(
         "fake.tar.gz",
-        &[("xx-fake.onnx", not_onnx.as_slice()), ("xx-fake.onnx.json", config.as_slice())],
+        &[
+            ("xx-fake.onnx", not_onnx.as_slice()),
+            ("xx-fake.onnx.json", config.as_slice()),
+        ],
     );
-    let err = run_err(&["--voices-dir", v, "voices", "install", fake.to_str().expect("utf8")]);
-    assert!(err.contains("xx-fake.onnx") && err.contains("not an ONNX model"), "{err}");
+    let err = run_err(&[
+        "--voices-dir",
+        v,
+        "voices",
+        "install",
+        fake.to_str().expect("utf8"),
+    ]);
+    assert!(
+        err.contains("xx-fake.onnx") && err.contains("not an ONNX model"),
+        "{err}"
+    );
     let twice = targz(
         "twice.tar.gz",
         &[
@@ -1207,7 +1219,13 @@ fn voices_install_from_a_wheel_a_folder_and_a_tar_gz_and_remove() {
             ("b/xx-two.onnx.json", config.as_slice()),
         ],
     );
-    let err = run_err(&["--voices-dir", v, "voices", "install", twice.to_str().expect("utf8")]);
+    let err = run_err(&[
+        "--voices-dir",
+        v,
+        "voices",
+        "install",
+        twice.to_str().expect("utf8"),
+    ]);
     assert!(err.contains("would both install as voice xx-two"), "{err}");
     assert_eq!(voice_names(&voices).len(), 3);
     let leftovers: Vec<_> = std::fs::read_dir(&voices)
