@@ -13,7 +13,8 @@ use lapin::options::{BasicAckOptions, BasicGetOptions};
 use narrator_broker::{Publisher, SegmentMessage, work_queue};
 use narrator_db::{JobState, Uuid};
 use narrator_test_support::{
-    PrivatePostgres, PrivateRabbit, Services, VOICE, World, book_text, check_job, eventually, root,
+    PrivatePostgres, PrivateRabbit, PrivateS3, Services, VOICE, World, book_text, check_job,
+    eventually, root,
 };
 
 fn segments_of(w: &World, job: Uuid) -> Vec<narrator_core::Segment> {
@@ -257,66 +258,6 @@ fn an_assembly_of_a_dead_process_is_taken_over_by_its_successor_under_the_same_i
     w.worker("host:1", &["--engine", "null", "--keep-intermediates"], &[]);
     w.wait_state(job, JobState::Done, Duration::from_secs(60));
     check_job(&w, job, true);
-}
-
-/// A private S3 server (s3s-fs) on its own port and data folder, stopped and started by
-/// the test; the shared one is untouched.
-struct PrivateS3 {
-    port: u16,
-    data: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl PrivateS3 {
-    fn start(port: u16) -> Self {
-        let data = tempfile::tempdir().expect("s3 data");
-        std::fs::create_dir_all(data.path().join("narrator")).expect("bucket");
-        let mut s = Self {
-            port,
-            data,
-            child: None,
-        };
-        s.up();
-        s
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn up(&mut self) {
-        let bin = root().join(".deps/s3/s3s-fs/bin/s3s-fs");
-        let child = Command::new(&bin)
-            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
-            .args([
-                "--access-key",
-                "narrator",
-                "--secret-key",
-                "narrator-secret",
-            ])
-            .arg(self.data.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{}: {e} (run bash ops/setup.sh)", bin.display()));
-        self.child = Some(child);
-        eventually(Duration::from_secs(10), "s3s-fs answers", || {
-            std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-        });
-    }
-
-    fn down(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for PrivateS3 {
-    fn drop(&mut self) {
-        self.down();
-    }
 }
 
 /// Promise 4: a transient fault during assembly is retried, not fatal. The object store

@@ -1060,3 +1060,87 @@ pub fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool)
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A private S3 server (s3s-fs) on its own port and data folder, stopped and started by
+/// the test; the shared one is untouched.
+pub struct PrivateS3 {
+    port: u16,
+    data: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl PrivateS3 {
+    /// Starts one on `port` with an empty bucket `narrator`.
+    pub fn start(port: u16) -> Self {
+        let data = tempfile::tempdir().expect("s3 data");
+        std::fs::create_dir_all(data.path().join("narrator")).expect("bucket");
+        let mut s = Self {
+            port,
+            data,
+            child: None,
+        };
+        s.up();
+        s
+    }
+
+    /// Its URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts it (again), on the same data.
+    pub fn up(&mut self) {
+        let bin = root().join(".deps/s3/s3s-fs/bin/s3s-fs");
+        let child = Command::new(&bin)
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .args([
+                "--access-key",
+                "narrator",
+                "--secret-key",
+                "narrator-secret",
+            ])
+            .arg(self.data.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e} (run bash ops/setup.sh)", bin.display()));
+        self.child = Some(child);
+        eventually(Duration::from_secs(10), "s3s-fs answers", || {
+            std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+        });
+    }
+
+    /// Freezes it (SIGSTOP): connections are accepted, requests hang, as with a wedged
+    /// store, until [`PrivateS3::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws it (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        let child = self.child.as_ref().expect("s3s-fs is up");
+        let ok = Command::new("kill")
+            .args([which, &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {which} s3s-fs");
+    }
+
+    /// Stops it (kill): the store is away until [`PrivateS3::up`].
+    pub fn down(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for PrivateS3 {
+    fn drop(&mut self) {
+        self.down();
+    }
+}

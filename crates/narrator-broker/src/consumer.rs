@@ -14,12 +14,19 @@ use tokio::sync::Mutex;
 
 use crate::{
     ATTEMPTS_HEADER, BrokerError, DEAD_LETTER_EXCHANGE, DEAD_REASON_HEADER, Decision, FailureKind,
-    LANES, Publisher, RETRY_EXCHANGE, RETRY_TIER_HEADER, SegmentMessage, decide, lane_queue,
-    topology::tier_label, work_queue,
+    LANES, POSTPONED_SINCE_HEADER, Publisher, RETRY_EXCHANGE, RETRY_TIER_HEADER, SegmentMessage,
+    decide, lane_queue, topology::tier_label, work_queue,
 };
 
 /// Header the quorum queue sets on a redelivery: failed deliveries so far.
 const DELIVERY_COUNT_HEADER: &str = "x-delivery-count";
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
 
 /// What settles one delivery: lapin's acker, plus the message for a republish.
 #[derive(Debug)]
@@ -30,6 +37,14 @@ pub struct Ticket {
     attempt: u32,
     tag: (u8, u64),
     lane: u8,
+}
+
+impl Ticket {
+    /// When this message was first postponed for an outage (ms since the Unix epoch),
+    /// if it ever was.
+    pub fn postponed_since_ms(&self) -> Option<u64> {
+        int_header(self.properties.headers().as_ref()?, POSTPONED_SINCE_HEADER)
+    }
 }
 
 /// A delivery not settled yet, as [`Consumer::close`] returns it uncharged.
@@ -105,8 +120,12 @@ pub struct Consumer {
     cluster: Option<String>,
     /// Consumer tags (to cancel them on close).
     tags: Vec<String>,
+    /// How long a delivery may be postponed for outages before it fails.
+    postpone_budget: std::time::Duration,
     /// Deliveries handed out and not settled yet, by (lane, delivery tag).
     held: std::sync::Mutex<std::collections::HashMap<(u8, u64), Held>>,
+    /// How many are held, for whoever reports it (the heartbeat).
+    held_count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What taking one stream item did.
@@ -192,6 +211,17 @@ fn republish_headers(
     headers
 }
 
+/// `headers` without `name`.
+fn without(headers: &FieldTable, name: &str) -> FieldTable {
+    let mut kept = FieldTable::default();
+    for (k, v) in headers.inner() {
+        if k.as_str() != name {
+            kept.insert(k.clone(), v.clone());
+        }
+    }
+    kept
+}
+
 impl Consumer {
     /// Opens a channel, sets `basic_qos(prefetch)` and consumes every priority lane of
     /// `voice` (declare them first with [`crate::declare`]), each with that prefetch.
@@ -236,7 +266,9 @@ impl Consumer {
             queue: work_queue(voice),
             cluster: None,
             tags,
+            postpone_budget: crate::POSTPONE_BUDGET,
             held: std::sync::Mutex::default(),
+            held_count: std::sync::Arc::default(),
         })
     }
 
@@ -246,6 +278,38 @@ impl Consumer {
     pub fn for_cluster(mut self, cluster: impl Into<String>) -> Self {
         self.cluster = Some(cluster.into());
         self
+    }
+
+    /// Fail a delivery postponed for outages for longer than `budget` (counted from its
+    /// first postponement) instead of postponing it again; [`crate::POSTPONE_BUDGET`]
+    /// unless set.
+    pub fn with_postpone_budget(mut self, budget: std::time::Duration) -> Self {
+        self.postpone_budget = budget;
+        self
+    }
+
+    /// The decision for `failure` of `ticket`'s delivery: [`failure_decision`], with a
+    /// postponement past the budget turned into a dead letter that names the outage.
+    pub fn decision_for(&self, ticket: &Ticket, failure: &Failure) -> Decision {
+        let postponed_for = ticket
+            .postponed_since_ms()
+            .map(|since| std::time::Duration::from_millis(now_ms().saturating_sub(since)));
+        match crate::within_budget(
+            failure_decision(failure, ticket.attempt),
+            postponed_for,
+            self.postpone_budget,
+        ) {
+            Decision::DeadLetter { reason } if postponed_for.is_some() => Decision::DeadLetter {
+                reason: format!("{reason}: {}: {}", failure.kind, failure.reason),
+            },
+            other => other,
+        }
+    }
+
+    /// Deliveries handed out and not settled yet (unacknowledged), kept up to date: the
+    /// heartbeat reports it so that peers can tell a voice's lost messages from held ones.
+    pub fn held_counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        self.held_count.clone()
     }
 
     /// The prefetch this consumer keeps.
@@ -284,7 +348,9 @@ impl Consumer {
         }
         let held: Vec<Held> = {
             let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
-            map.drain().map(|(_, h)| h).collect()
+            let held = map.drain().map(|(_, h)| h).collect();
+            self.gauge_held(0);
+            held
         };
         let mut returned = 0;
         for h in held {
@@ -328,6 +394,7 @@ impl Consumer {
     }
 
     fn gauge_held(&self, n: usize) {
+        self.held_count.store(n, Ordering::Relaxed);
         metrics::gauge!(narrator_telemetry::metrics::IN_FLIGHT, "voice" => self.voice.clone())
             .set(n as f64);
     }
@@ -416,6 +483,7 @@ impl Consumer {
                 // before the interruption are handed over, their acks fail on the old
                 // channel and the broker delivers them again.
                 self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                self.gauge_held(0);
                 return Ok(Took::Recovered);
             }
         };
@@ -532,14 +600,26 @@ impl Consumer {
                     Decision::Postpone { .. } => charged_before(&properties),
                     _ => attempt,
                 };
+                let mut headers =
+                    republish_headers(&properties, charged, (RETRY_TIER_HEADER, &tier));
+                match decision {
+                    // The postponement budget counts from the first postponement.
+                    Decision::Postpone { .. } => {
+                        if int_header(&headers, POSTPONED_SINCE_HEADER).is_none() {
+                            headers.insert(
+                                POSTPONED_SINCE_HEADER.into(),
+                                AMQPValue::LongLongInt(i64::try_from(now_ms()).unwrap_or(i64::MAX)),
+                            );
+                        }
+                    }
+                    // A charged retry: the segment got through to fail on its own, so
+                    // the outage was over.
+                    _ => headers = without(&headers, POSTPONED_SINCE_HEADER),
+                }
                 // Jitter: segments that failed together do not all come back together.
                 let props = properties
                     .clone()
-                    .with_headers(republish_headers(
-                        &properties,
-                        charged,
-                        (RETRY_TIER_HEADER, &tier),
-                    ))
+                    .with_headers(headers)
                     .with_expiration(jittered_expiration(after, fastrand::f64()).into());
                 let published = self
                     .publisher
@@ -611,7 +691,7 @@ impl SegmentQueue for Consumer {
     }
 
     async fn fail(&self, ticket: Ticket, failure: &Failure) -> Result<(), SeamError> {
-        let decision = failure_decision(failure, ticket.attempt);
+        let decision = self.decision_for(&ticket, failure);
         metrics::counter!(
             narrator_telemetry::metrics::SEGMENTS_FAILED,
             "voice" => self.voice.clone(),

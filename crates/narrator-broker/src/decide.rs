@@ -92,6 +92,42 @@ pub fn decide(kind: FailureKind, attempt: u32) -> Decision {
     }
 }
 
+/// How long a segment may be postponed for outages, counted from its first
+/// postponement, before it fails with the outage as its reason (the default of
+/// `narrator worker --postpone-budget`).
+pub const POSTPONE_BUDGET: Duration = Duration::from_secs(24 * 3600);
+
+/// Bounds postponement: a [`Decision::Postpone`] of a delivery first postponed
+/// `postponed_for` ago becomes a dead letter once that reaches `budget`, so an outage
+/// that never ends (or a permanent error taken for one) fails the segment instead of
+/// postponing it for ever. Any other decision is returned as it is.
+pub fn within_budget(
+    decision: Decision,
+    postponed_for: Option<Duration>,
+    budget: Duration,
+) -> Decision {
+    match (decision, postponed_for) {
+        (Decision::Postpone { .. }, Some(waited)) if waited >= budget => Decision::DeadLetter {
+            reason: format!(
+                "a service was away for {} (the postponement budget is {}; raise it with --postpone-budget)",
+                human(waited),
+                human(budget)
+            ),
+        },
+        (decision, _) => decision,
+    }
+}
+
+/// `1 h 30 min`, `45 s`: durations in reasons.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, s) => format!("{s} s"),
+        (0, m, s) => format!("{m} min {s} s"),
+        (h, m, _) => format!("{h} h {m} min"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +164,31 @@ mod tests {
                 "{kind:?} attempt {attempt}"
             );
         }
+    }
+
+    #[test]
+    fn a_postponement_past_its_budget_is_a_dead_letter() {
+        let day = Duration::from_secs(24 * 3600);
+        let postpone = Decision::Postpone {
+            after: RETRY_TIERS[0],
+        };
+        // Never postponed before, or within the budget: postponed again.
+        assert_eq!(within_budget(postpone.clone(), None, day), postpone);
+        let hour = Duration::from_secs(3600);
+        assert_eq!(within_budget(postpone.clone(), Some(hour), day), postpone);
+        // Past it: fails, and says for how long and how to change the budget.
+        let Decision::DeadLetter { reason } = within_budget(postpone, Some(day + hour), day) else {
+            panic!("past the budget must be a dead letter");
+        };
+        assert!(reason.contains("25 h 0 min"), "{reason}");
+        assert!(reason.contains("--postpone-budget"), "{reason}");
+        // Other decisions are not touched, whatever the time.
+        assert_eq!(within_budget(retry(5), Some(day * 2), day), retry(5));
+        assert_eq!(
+            within_budget(Decision::Ack, Some(day * 2), day),
+            Decision::Ack
+        );
+        assert_eq!(human(Duration::from_secs(95)), "1 min 35 s");
     }
 
     #[test]

@@ -25,7 +25,7 @@ mod publisher;
 mod topology;
 
 pub use consumer::{Consumer, Ticket, failure_decision};
-pub use decide::{Decision, FailureKind, MAX_ATTEMPTS, decide};
+pub use decide::{Decision, FailureKind, MAX_ATTEMPTS, POSTPONE_BUDGET, decide, within_budget};
 pub use error::BrokerError;
 pub use message::{MESSAGE_VERSION, SegmentMessage};
 pub use publisher::Publisher;
@@ -41,6 +41,9 @@ pub const ATTEMPTS_HEADER: &str = "x-narrator-attempts";
 pub const DEAD_REASON_HEADER: &str = "x-narrator-dead-reason";
 /// Header: the retry tier a message is routed to (`5s`, `30s`, `300s`).
 pub const RETRY_TIER_HEADER: &str = "x-narrator-retry-tier";
+/// Header on a postponed message: when it was first postponed (ms since the Unix epoch);
+/// the postponement budget counts from it.
+pub const POSTPONED_SINCE_HEADER: &str = "x-narrator-postponed-since";
 /// W3C trace context: the trace and parent span of the job a segment belongs to.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
 /// W3C trace context: vendor state.

@@ -529,6 +529,34 @@ pub async fn postpone_assembly(
     Ok(n > 0)
 }
 
+/// Cancelled jobs whose objects are still in the store, cancelled more than `grace`
+/// ago (work in flight on them when they were cancelled is over), oldest first, at most
+/// `limit`. Delete their objects, then [`storage_released`].
+pub async fn cancelled_unreleased(
+    exec: impl PgExecutor<'_>,
+    grace: Duration,
+    limit: i64,
+) -> Result<Vec<Uuid>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE state = 'cancelled' AND storage_released_at IS NULL \
+           AND finished_at < now() - make_interval(secs => $1) \
+         ORDER BY finished_at LIMIT $2",
+    )
+    .bind(secs(grace))
+    .bind(limit)
+    .fetch_all(exec)
+    .await?)
+}
+
+/// Records that a cancelled job's objects were deleted.
+pub async fn storage_released(exec: impl PgExecutor<'_>, job: Uuid) -> Result<(), DbError> {
+    sqlx::query("UPDATE jobs SET storage_released_at = now() WHERE id = $1")
+        .bind(job)
+        .execute(exec)
+        .await?;
+    Ok(())
+}
+
 /// Assembly tries of a job that ended in a transient failure so far.
 pub async fn assembly_attempts(exec: impl PgExecutor<'_>, job: Uuid) -> Result<u32, DbError> {
     let n: i32 = sqlx::query_scalar("SELECT assembly_attempts FROM jobs WHERE id = $1")
@@ -537,6 +565,61 @@ pub async fn assembly_attempts(exec: impl PgExecutor<'_>, job: Uuid) -> Result<u
         .await?
         .ok_or(DbError::JobNotFound(job))?;
     unsigned("assembly_attempts", i64::from(n))
+}
+
+/// One voice's accounting for the watchdog: what the database says is out in the
+/// broker, and what live workers say they hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VoiceOutstanding {
+    /// The voice.
+    pub voice: String,
+    /// Its published segments not finished yet, of queued and running jobs: each should
+    /// be a message somewhere (a lane, a retry tier, or held by a worker).
+    pub outstanding: u64,
+    /// Deliveries of it that live workers hold unacknowledged, as their last heartbeats
+    /// said (a worker past its own staleness is not counted: what it held comes back).
+    pub held: u64,
+    /// The longest heartbeat interval among those workers: how stale `held` may be.
+    pub slowest_heartbeat: Duration,
+}
+
+/// [`VoiceOutstanding`] of each of `voices`. `stale` judges rows of workers that did not
+/// record their own staleness.
+pub async fn voice_outstanding(
+    exec: impl PgExecutor<'_>,
+    voices: &[String],
+    stale: Duration,
+) -> Result<Vec<VoiceOutstanding>, DbError> {
+    // Workers write `stale_after_s` as 6 heartbeats.
+    let rows: Vec<(String, i64, i64, f64)> = sqlx::query_as(
+        "SELECT v.voice, \
+           (SELECT count(*) FROM jobs j JOIN segments s ON s.job_id = j.id \
+             WHERE j.voice = v.voice AND j.state IN ('queued', 'running') \
+               AND s.state = 'pending' AND s.published_at IS NOT NULL), \
+           coalesce(h.held, 0)::bigint, coalesce(h.stale, 0) / 6 \
+         FROM unnest($1::text[]) AS v(voice) \
+         LEFT JOIN LATERAL ( \
+           SELECT sum((p->>'held')::bigint) AS held, max(coalesce(w.stale_after_s, $2)) AS stale \
+           FROM workers w CROSS JOIN LATERAL jsonb_array_elements( \
+             CASE WHEN jsonb_typeof(w.plan) = 'array' THEN w.plan ELSE '[]' END) p \
+           WHERE p->>'voice' = v.voice AND jsonb_typeof(p->'held') = 'number' \
+             AND w.last_seen > now() - make_interval(secs => coalesce(w.stale_after_s, $2)) \
+         ) h ON true",
+    )
+    .bind(voices)
+    .bind(secs(stale))
+    .fetch_all(exec)
+    .await?;
+    rows.into_iter()
+        .map(|(voice, outstanding, held, beat)| {
+            Ok(VoiceOutstanding {
+                voice,
+                outstanding: unsigned("outstanding", outstanding)?,
+                held: unsigned("held", held)?,
+                slowest_heartbeat: Duration::try_from_secs_f64(beat).unwrap_or_default(),
+            })
+        })
+        .collect()
 }
 
 /// A job the stuck-job watchdog rescued: its segments that are neither done nor failed,

@@ -96,6 +96,26 @@ fn server_trouble(code: &str) -> bool {
     ["08", "53", "57", "58"].iter().any(|c| code.starts_with(c))
 }
 
+/// How sqlx's error is retried. A database error by its SQLSTATE; without one, by its
+/// kind: the connection or pool failing is an outage; a row, column or value this
+/// version cannot read, and a bad configuration, never get better; a protocol error
+/// (a connection in a bad state) may.
+fn sqlx_class(e: &sqlx::Error) -> narrator_core::RetryClass {
+    use narrator_core::RetryClass;
+    use sqlx::Error as E;
+    match e {
+        E::Database(d) => match d.code() {
+            Some(code) if server_trouble(&code) => RetryClass::Infrastructure,
+            _ => RetryClass::Transient,
+        },
+        E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
+            RetryClass::Infrastructure
+        }
+        E::Protocol(_) => RetryClass::Transient,
+        _ => RetryClass::Permanent,
+    }
+}
+
 impl DbError {
     /// How an operation that failed with this error is retried: the database being away,
     /// restarting or timing out is an outage (not the segment's fault); a row or value
@@ -104,11 +124,7 @@ impl DbError {
         use narrator_core::RetryClass;
         match self {
             Self::Unavailable(_) | Self::Tls { .. } => RetryClass::Infrastructure,
-            Self::Query(e) => match e.as_database_error().and_then(|d| d.code()) {
-                Some(code) if server_trouble(&code) => RetryClass::Infrastructure,
-                Some(_) => RetryClass::Transient,
-                None => RetryClass::Infrastructure,
-            },
+            Self::Query(e) => sqlx_class(e),
             Self::JobNotFound(_)
             | Self::SegmentNotFound { .. }
             | Self::DuplicateSegment(_)
@@ -218,4 +234,41 @@ pub(crate) fn unsigned<T: TryFrom<i64>>(column: &'static str, v: i64) -> Result<
         column,
         value: v.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use narrator_core::RetryClass;
+
+    use super::DbError;
+
+    fn class(e: sqlx::Error) -> RetryClass {
+        DbError::Query(e).retry_class()
+    }
+
+    #[test]
+    fn errors_without_a_sqlstate_are_classed_by_their_kind() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(class(sqlx::Error::Io(refused)), RetryClass::Infrastructure);
+        assert_eq!(class(sqlx::Error::PoolTimedOut), RetryClass::Infrastructure);
+        assert_eq!(class(sqlx::Error::PoolClosed), RetryClass::Infrastructure);
+        assert_eq!(
+            class(sqlx::Error::Protocol("unexpected message".into())),
+            RetryClass::Transient
+        );
+        // Wrong rows, columns and values never get better: not an outage to wait out.
+        assert_eq!(class(sqlx::Error::RowNotFound), RetryClass::Permanent);
+        assert_eq!(
+            class(sqlx::Error::ColumnNotFound("text_digest".into())),
+            RetryClass::Permanent
+        );
+        assert_eq!(
+            class(sqlx::Error::Decode("not a UUID".into())),
+            RetryClass::Permanent
+        );
+        assert_eq!(
+            class(sqlx::Error::Configuration("bad URL".into())),
+            RetryClass::Permanent
+        );
+    }
 }

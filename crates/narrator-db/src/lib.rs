@@ -27,10 +27,12 @@ pub use bench::{BenchRow, StoredBench, bench_table_exists, fleet_bench, record_b
 pub use calibrations::{StoredCalibration, list_calibrations, put_calibration};
 pub use cluster::{
     DeliveryHistory, DeliveryKey, JobSettings, Output, Rescue, RetryOutcome, SegmentCheck,
-    StoredJob, VoiceGauges, abandoned_jobs, assembly_attempts, check_deliveries, check_segment,
-    check_segments, claim_assembly_for, cluster_id, fail_settled_jobs, finish_with_outputs,
-    job_outputs, job_route, job_trace, job_voice, load_job, mark_in_engine, postpone_assembly,
-    rescue_stuck_jobs, retry_job, set_job_trace, set_settings, take_over_assemblies, voice_gauges,
+    StoredJob, VoiceGauges, VoiceOutstanding, abandoned_jobs, assembly_attempts,
+    cancelled_unreleased, check_deliveries, check_segment, check_segments, claim_assembly_for,
+    cluster_id, fail_settled_jobs, finish_with_outputs, job_outputs, job_route, job_trace,
+    job_voice, load_job, mark_in_engine, postpone_assembly, rescue_stuck_jobs, retry_job,
+    set_job_trace, set_settings, storage_released, take_over_assemblies, voice_gauges,
+    voice_outstanding,
 };
 pub use error::DbError;
 pub use jobs::{

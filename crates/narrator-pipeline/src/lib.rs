@@ -34,7 +34,7 @@ pub use local::{JournalStateStore, LocalAudioStore};
 pub use plan::{AudioIdentity, plan_job};
 pub use queue::InProcessQueue;
 pub use runner::{Event, PACK_MAX, RunOptions, Stages, synthesize_job, work};
-pub use synth::{EngineStats, Fallback, Fault, Prepared, Synthesizer, engine_runs};
+pub use synth::{EngineStats, Fallback, Fault, Prepared, Synthesizer, Work, engine_runs};
 
 /// What can stop a job.
 #[derive(Debug, thiserror::Error)]

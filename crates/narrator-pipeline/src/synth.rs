@@ -98,6 +98,47 @@ pub struct Synthesizer {
     budget: Mutex<Budget>,
     fallback: Option<FallbackHook>,
     stats: Mutex<EngineStats>,
+    /// Work in progress (phonemizing, batches), for liveness: see [`Synthesizer::longest_running`].
+    running: Mutex<Running>,
+}
+
+/// What is in progress now: an id per piece of work, with what it is and since when.
+#[derive(Debug, Default)]
+struct Running {
+    next: u64,
+    started: std::collections::BTreeMap<u64, (Work, Instant)>,
+}
+
+/// A kind of work a synthesizer does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Phonemizing one segment (espeak-ng).
+    Phonemize,
+    /// Synthesizing a batch (the engine's runs).
+    Batch,
+}
+
+impl Work {
+    /// One word for logs and the worker's row.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Phonemize => "phonemizing",
+            Self::Batch => "a batch",
+        }
+    }
+}
+
+/// A piece of work registered in [`Running`] until it is dropped.
+struct InProgress<'a> {
+    running: &'a Mutex<Running>,
+    id: u64,
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        let mut r = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        r.started.remove(&self.id);
+    }
 }
 
 /// Builds the CPU pool (and its budget) a GPU worker falls back to after repeated
@@ -120,6 +161,8 @@ pub const OOM_FALLBACK_AFTER: u32 = 3;
 pub struct EngineStats {
     /// Wall seconds the device spent running batches.
     pub busy_seconds: f64,
+    /// Batches run (each one or more engine runs).
+    pub batches: u64,
     /// Engine runs.
     pub runs: u64,
     /// Out-of-memory failures (each halved the budget).
@@ -161,6 +204,7 @@ impl Synthesizer {
             budget: Mutex::new(Budget::single()),
             fallback: None,
             stats: Mutex::new(EngineStats::default()),
+            running: Mutex::default(),
         })
     }
 
@@ -221,6 +265,32 @@ impl Synthesizer {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// The work in progress that has run longest: what it is and for how long.
+    pub fn longest_running(&self) -> Option<(Work, std::time::Duration)> {
+        let r = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        r.started
+            .values()
+            .min_by_key(|(_, since)| *since)
+            .map(|(work, since)| (*work, since.elapsed()))
+    }
+
+    /// The mean wall seconds of this engine's batches so far (`None` before the first).
+    pub fn mean_batch_seconds(&self) -> Option<f64> {
+        let s = self.stats();
+        (s.batches > 0).then(|| s.busy_seconds / s.batches as f64)
+    }
+
+    fn begin(&self, work: Work) -> InProgress<'_> {
+        let mut r = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let id = r.next;
+        r.next += 1;
+        r.started.insert(id, (work, Instant::now()));
+        InProgress {
+            running: &self.running,
+            id,
+        }
+    }
+
     fn note(&self, f: impl FnOnce(&mut EngineStats)) {
         f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()));
     }
@@ -261,6 +331,7 @@ impl Synthesizer {
 
     /// Phonemizes one segment (blocking: call from a blocking thread).
     pub fn prepare(&self, segment: Segment) -> Result<Prepared, PipelineError> {
+        let _running = self.begin(Work::Phonemize);
         let sentences = self
             .phonemizer
             .phonemize(self.family.espeak_voice(), &segment.text)?;
@@ -297,6 +368,7 @@ impl Synthesizer {
         batch: Vec<Prepared>,
     ) -> Result<Vec<Synthesized>, PipelineError> {
         let started = Instant::now();
+        let _running = self.begin(Work::Batch);
         if let Some(FaultHook(fault)) = &self.fault
             && let Some((index, permanent)) = batch
                 .iter()
@@ -367,7 +439,10 @@ impl Synthesizer {
                 Err(e) => return Err(e.into()),
             }
         };
-        self.note(|s| s.busy_seconds += inference_seconds);
+        self.note(|s| {
+            s.busy_seconds += inference_seconds;
+            s.batches += 1;
+        });
         let out = narrator_engine::BatchOutput {
             audio: waves,
             inference_seconds,

@@ -627,9 +627,25 @@ impl S3AudioStore {
     /// crashed worker stored but never recorded); returns how many. Run once the job's
     /// outputs are stored.
     pub async fn delete_intermediates(&self, job: &str) -> Result<usize, S3Error> {
+        self.delete_under(&self.intermediate_prefixes(job)).await
+    }
+
+    /// Deletes every object of `job` (`{prefix}jobs/{job}/`: intermediates and outputs);
+    /// returns how many. For a cancelled job.
+    pub async fn delete_job(&self, job: &str) -> Result<usize, S3Error> {
+        self.delete_under(&[self.job_prefix(job)]).await
+    }
+
+    /// `{prefix}jobs/{job}/`: everything of `job` (its intermediates and `out/`).
+    pub fn job_prefix(&self, job: &str) -> String {
+        format!("{}jobs/{job}/", self.prefix)
+    }
+
+    /// Deletes every object under `prefixes`; returns how many.
+    async fn delete_under(&self, prefixes: &[String]) -> Result<usize, S3Error> {
         let mut n = 0;
-        for prefix in self.intermediate_prefixes(job) {
-            for key in self.list(&prefix).await? {
+        for prefix in prefixes {
+            for key in self.list(prefix).await? {
                 self.delete(&key).await?;
                 n += 1;
             }

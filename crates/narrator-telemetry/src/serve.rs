@@ -24,6 +24,8 @@ use crate::TelemetryError;
 pub struct Health {
     loops: Mutex<BTreeMap<String, (Instant, Duration)>>,
     checks: Mutex<BTreeMap<String, (bool, String)>>,
+    /// Work that has run past its limit (a wedged engine, phonemizer or encoder), by name.
+    stalls: Mutex<BTreeMap<String, String>>,
 }
 
 impl Health {
@@ -43,6 +45,13 @@ impl Health {
         if let Some(entry) = lock(&self.loops).get_mut(name) {
             entry.0 = Instant::now();
         }
+    }
+
+    /// Work in progress named `name` has run past its limit: the process is not alive
+    /// in any useful sense, whatever its loops do; `/healthz` fails from now on, saying
+    /// what (a worker stops itself after this, so it is not cleared).
+    pub fn stall(&self, name: &str, detail: impl Into<String>) {
+        lock(&self.stalls).insert(name.to_string(), detail.into());
     }
 
     /// Sets a readiness check (`engines`, `broker`, `database`, ...), with what it saw
@@ -70,9 +79,11 @@ impl Health {
                 json!({"ok": alive, "seconds_since_tick": age.as_secs_f64(), "limit_seconds": within.as_secs_f64()}),
             );
         }
+        let stalls = lock(&self.stalls).clone();
+        ok &= stalls.is_empty();
         (
             ok,
-            json!({"status": if ok { "ok" } else { "stalled" }, "loops": loops}),
+            json!({"status": if ok { "ok" } else { "stalled" }, "loops": loops, "stalled_work": stalls}),
         )
     }
 
@@ -234,5 +245,13 @@ mod tests {
         h.expect_loop("heartbeat", Duration::from_secs(60));
         h.tick("heartbeat");
         assert!(h.healthy().0);
+        // Loops that tick do not make a process with wedged work alive.
+        h.stall("engine", "voice v: a batch has run for 700 s (limit 600 s)");
+        let (ok, body) = h.healthy();
+        assert!(!ok);
+        assert_eq!(
+            body["stalled_work"]["engine"],
+            "voice v: a batch has run for 700 s (limit 600 s)"
+        );
     }
 }

@@ -34,7 +34,17 @@ pub struct Assembler {
     pub stale: Duration,
     /// Keep segment audio and packs once the outputs are stored.
     pub keep_intermediates: bool,
+    /// A cancelled job's objects are deleted once it was cancelled this long ago (work
+    /// in flight on it is over by then): the worker's lease.
+    pub release_after: Duration,
+    /// Reports an assembly past its budget.
+    pub wedge: Arc<crate::liveness::Wedge>,
+    /// The budget's floor ([`crate::liveness::assembly_budget`]).
+    pub wedged_after: Duration,
 }
+
+/// Cancelled jobs whose objects one sweep deletes at most.
+const RELEASES_PER_SWEEP: i64 = 8;
 
 /// Why an assembly did not finish, with how to retry it.
 #[derive(Debug)]
@@ -107,9 +117,23 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
         staging: staging.path().to_path_buf(),
     };
     let segments = records.len();
-    let manifest = assemble_in_background(stored.plan, records, store, opts, wall_before)
-        .await
-        .map_err(|e| AssemblyFailure::new(e.retry_class(), format!("assembly failed: {e}")))?;
+    let audio_seconds: f64 = records.iter().map(|r| r.audio_seconds).sum();
+    let budget = crate::liveness::assembly_budget(audio_seconds, a.wedged_after);
+    let built = assemble_in_background(stored.plan, records, store, opts, wall_before);
+    let manifest = match tokio::time::timeout(budget, built).await {
+        Ok(built) => built
+            .map_err(|e| AssemblyFailure::new(e.retry_class(), format!("assembly failed: {e}")))?,
+        Err(_) => {
+            let reason = format!(
+                "the assembly of job {job} ({audio_seconds:.0} s of audio) has run past its \
+                 budget of {:.0} s; the encoder or the store is wedged",
+                budget.as_secs_f64()
+            );
+            a.wedge.report("assembly", reason.clone());
+            // Put back for another worker (settled as an outage: postponed, uncharged).
+            return Err(AssemblyFailure::new(RetryClass::Infrastructure, reason));
+        }
+    };
     let job_text = job.to_string();
     let size = |name: &str| {
         std::fs::metadata(staging.path().join(name))
@@ -145,7 +169,22 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
         .await
         .map_err(db)?;
     if !finished {
-        tracing::warn!(%job, "assembled, but the job was no longer assembling (cancelled?)");
+        // Cancelled while it was assembled: what it stored is nobody's (the sweep that
+        // releases cancelled jobs may already have run). Taken over and finished by
+        // another worker: the same keys are that worker's outputs, left alone.
+        let state = narrator_db::job_state(pool, job).await.map_err(db)?;
+        if state == Some(narrator_db::JobState::Cancelled) {
+            match store.delete_job(&job_text).await {
+                Ok(n) => {
+                    tracing::info!(%job, objects = n, "assembled after a cancel; its objects are deleted")
+                }
+                Err(e) => {
+                    tracing::warn!(%job, error = %e, "cannot delete a cancelled job's objects; a sweep will")
+                }
+            }
+        } else {
+            tracing::warn!(%job, ?state, "assembled, but the job was no longer assembling");
+        }
     }
     tracing::info!(
         %job,
@@ -260,6 +299,40 @@ async fn try_settle(
     Ok(())
 }
 
+/// Deletes the objects of jobs cancelled more than `release_after` ago (segments, packs
+/// and any outputs), and records it; a failure is tried again at a later sweep. Workers
+/// that sweep at once may both delete: deleting what is gone is not an error.
+async fn release_cancelled(a: &Assembler) {
+    let jobs = match narrator_db::cancelled_unreleased(&a.pool, a.release_after, RELEASES_PER_SWEEP)
+        .await
+    {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot list cancelled jobs to release");
+            return;
+        }
+    };
+    for job in jobs {
+        let released = async {
+            let n = a
+                .store
+                .delete_job(&job.to_string())
+                .await
+                .map_err(|e| e.to_string())?;
+            narrator_db::storage_released(&a.pool, job)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(n)
+        };
+        match released.await {
+            Ok(n) => tracing::info!(%job, objects = n, "cancelled job's objects deleted"),
+            Err(e) => {
+                tracing::warn!(%job, error = %e, "cannot delete a cancelled job's objects yet")
+            }
+        }
+    }
+}
+
 /// Assembles every job it is told about (if it wins the claim) and, every few seconds,
 /// the jobs it takes over: unclaimed finished jobs, postponed ones whose time has come,
 /// and claims of processes that are gone.
@@ -297,6 +370,7 @@ pub(crate) async fn assembler(
                 if let Err(e) = narrator_db::fail_settled_jobs(&a.pool).await {
                     tracing::debug!(error = %e, "cannot end jobs with failed segments");
                 }
+                release_cancelled(&a).await;
                 narrator_db::take_over_assemblies(&a.pool, &a.worker, a.instance, a.stale)
                     .await
                     .unwrap_or_else(|e| {

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use narrator_broker::{Consumer, Decision, MAX_ATTEMPTS, failure_decision};
+use narrator_broker::{Consumer, Decision, MAX_ATTEMPTS};
 use narrator_core::{Delivery, Failure, RetryClass, SeamError, SegmentQueue};
 use narrator_db::{DeliveryKey, PgPool, SegmentCheck, Uuid};
 use tokio::sync::{Mutex, watch};
@@ -144,7 +144,7 @@ impl GuardedQueue {
                         reason: e.to_string(),
                     };
                     for (_, d) in parsed {
-                        let decision = failure_decision(&failure, d.attempt);
+                        let decision = self.inner.decision_for(&d.ticket, &failure);
                         self.inner.settle(d.ticket, decision).await?;
                     }
                     if failure.class == RetryClass::Infrastructure {
@@ -313,7 +313,7 @@ impl SegmentQueue for GuardedQueue {
     }
 
     async fn fail(&self, ticket: GuardTicket, failure: &Failure) -> Result<(), SeamError> {
-        let decision = failure_decision(failure, ticket.attempt);
+        let decision = self.inner.decision_for(&ticket.inner, failure);
         if let Decision::DeadLetter { reason: why } = &decision {
             let (job, index) = (ticket.job, ticket.index);
             let recorded = async {

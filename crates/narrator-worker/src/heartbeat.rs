@@ -16,6 +16,8 @@ pub(crate) struct Report {
     pub(crate) prefetch: u16,
     pub(crate) base: serde_json::Value,
     pub(crate) synth: Arc<narrator_pipeline::Synthesizer>,
+    /// Deliveries of this voice the worker holds unacknowledged.
+    pub(crate) held: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What the worker says about itself at each heartbeat: the hardware profile, and per
@@ -31,6 +33,8 @@ pub struct Describe {
     pub(crate) stale_after: std::time::Duration,
     pub(crate) reports: Vec<Report>,
     pub(crate) outages: Arc<crate::outage::Outages>,
+    /// Why the worker is wedged, once it is.
+    pub(crate) wedge: Arc<crate::liveness::Wedge>,
     /// (when, busy seconds per voice) at the last beat.
     pub(crate) last: std::sync::Mutex<Option<(std::time::Instant, Vec<f64>)>>,
 }
@@ -71,6 +75,7 @@ impl Describe {
                     o.insert("voice".into(), r.voice.clone().into());
                     o.insert("engine".into(), r.engine.clone().into());
                     o.insert("prefetch".into(), r.prefetch.into());
+                    o.insert("held".into(), r.held.load(Ordering::Relaxed).into());
                     o.insert("device".into(), r.synth.pool().device().to_string().into());
                     o.insert("max_batch_tokens".into(), b.max_tokens.into());
                     o.insert("max_batch_requests".into(), b.max_requests.into());
@@ -82,6 +87,7 @@ impl Describe {
                     o.insert("last_oom".into(), st.last_oom.into());
                     o.insert("fallback".into(), st.fallback.into());
                     o.insert("outage".into(), self.outages.describe());
+                    o.insert("wedged".into(), self.wedge.reason().into());
                 }
                 v
             })

@@ -23,6 +23,7 @@ pub mod assembler;
 pub mod gauges;
 pub mod guard;
 pub mod heartbeat;
+pub mod liveness;
 pub mod outage;
 pub mod publish;
 pub mod reconciler;
@@ -93,6 +94,13 @@ pub struct WorkerConfig {
     /// How long the broker connection may stay down (lapin reconnecting) before the
     /// worker gives up and fails, for its supervisor to restart it.
     pub broker_timeout: Duration,
+    /// How long a segment may be postponed for outages (from its first postponement)
+    /// before it fails with the outage as its reason.
+    pub postpone_budget: Duration,
+    /// Work in progress is wedged past this (a batch: past 10 × the engine's mean batch
+    /// and at least this; an assembly: this plus a tenth of the book's audio time): the
+    /// worker fails `/healthz` and stops ([`liveness`]).
+    pub wedged_after: Duration,
     /// Liveness and readiness for `/healthz` and `/readyz`: the worker keeps the
     /// `broker` and `database` checks and the `heartbeat` and `broker watch` loops (the
     /// caller sets `engines` once they are warm).
@@ -122,6 +130,15 @@ pub enum WorkerError {
     /// A loop panicked.
     #[error("worker loop panicked: {0}")]
     Panicked(String),
+    /// Work in progress ran past its limit (a wedged engine, phonemizer or encoder).
+    #[error(
+        "{reason}; the worker stops so that its supervisor restarts it (its deliveries go \
+         back to the queue): check the device and the engine"
+    )]
+    Wedged {
+        /// What ran for how long, and its limit.
+        reason: String,
+    },
     /// The broker connection was lost and not recovered in time.
     #[error(
         "lost the connection to RabbitMQ and could not reconnect within {} s ({state}); \
@@ -155,6 +172,7 @@ pub struct Worker {
     describe: Arc<heartbeat::Describe>,
     done: Arc<AtomicU64>,
     health: Arc<Health>,
+    wedge: Arc<liveness::Wedge>,
 }
 
 impl Worker {
@@ -179,9 +197,12 @@ impl Worker {
             lease,
             keep_intermediates,
             broker_timeout,
+            postpone_budget,
+            wedged_after,
             health,
             gauges,
         } = config;
+        let wedge = liveness::Wedge::new(health.clone());
         health.set("broker", false, "connecting");
         health.set("database", false, "connecting");
         let instance = Uuid::new_v4();
@@ -221,19 +242,23 @@ impl Worker {
         let mut reports = Vec::new();
         let outages = Arc::new(outage::Outages::new());
         let mut loops = tokio::task::JoinSet::new();
+        let mut watched = Vec::new();
         for v in voices {
             let name = v.voice.clone();
             let synth = Arc::new(v.synth);
+            watched.push((name.clone(), synth.clone()));
+            let consumer = Consumer::start(&conn, &name, v.prefetch)
+                .await?
+                .for_cluster(cluster.to_string())
+                .with_postpone_budget(postpone_budget);
             reports.push(heartbeat::Report {
                 voice: name.clone(),
                 engine: engine.clone(),
                 prefetch: v.prefetch,
                 base: v.plan,
                 synth: synth.clone(),
+                held: consumer.held_counter(),
             });
-            let consumer = Consumer::start(&conn, &name, v.prefetch)
-                .await?
-                .for_cluster(cluster.to_string());
             let queue = Arc::new(guard::GuardedQueue::new(
                 consumer,
                 pool.clone(),
@@ -286,6 +311,7 @@ impl Worker {
             stale_after: every * 6,
             reports,
             outages,
+            wedge: wedge.clone(),
             last: std::sync::Mutex::new(None),
         });
         health.set("broker", true, format!("consuming {}", names.join(", ")));
@@ -294,6 +320,12 @@ impl Worker {
         health.expect_loop("heartbeat", every * 3 + Duration::from_secs(130));
         health.expect_loop("broker watch", Duration::from_secs(30));
         let mut services = tokio::task::JoinSet::new();
+        services.spawn(liveness::watch_engines(
+            watched,
+            wedged_after,
+            wedge.clone(),
+            stop.clone(),
+        ));
         services.spawn(heartbeat::heartbeat(
             pool.clone(),
             describe.clone(),
@@ -327,6 +359,8 @@ impl Worker {
                 voices: names,
                 unpublished_after: reconcile_after,
                 lease,
+                heartbeat: every,
+                suspected: std::collections::BTreeMap::new(),
             },
             stop.clone(),
         ));
@@ -338,6 +372,9 @@ impl Worker {
                 instance,
                 stale: every * 6,
                 keep_intermediates,
+                release_after: lease,
+                wedge: wedge.clone(),
+                wedged_after,
             },
             complete_rx,
             stop.clone(),
@@ -353,6 +390,7 @@ impl Worker {
             describe,
             done,
             health,
+            wedge,
         })
     }
 
@@ -379,13 +417,20 @@ impl Worker {
             lost = broker_lost(&self.conn, self.broker_timeout, &self.health) => {
                 failure = Some(lost);
             }
+            reason = self.wedge.wait() => {
+                failure = Some(WorkerError::Wedged { reason });
+            }
         }
         self.health
             .set("stopping", false, "draining the batches in flight");
         let _ = self.stop_tx.send(true);
         // Without a broker the loops cannot settle what they hold: give them a bounded
         // time (the broker redelivers whatever was not acknowledged).
-        let broker_gone = matches!(failure, Some(WorkerError::BrokerLost { .. }));
+        // A wedged loop never drains either.
+        let broker_gone = matches!(
+            failure,
+            Some(WorkerError::BrokerLost { .. } | WorkerError::Wedged { .. })
+        );
         let (loops, services) = (&mut self.loops, &mut self.services);
         let drain = async {
             let mut later = None;

@@ -1,14 +1,17 @@
 //! Two loops that keep jobs from waiting for ever:
 //! - the outbox reconciler publishes segments that `submit` committed but the broker
 //!   never confirmed (the producer died in between);
-//! - the stuck-job watchdog: a job of this worker's voices whose segments are not all
-//!   done and that has made no progress for a lease gets its pending segments published
-//!   again, whatever lost them (the broker dead-lettering a message after its delivery
-//!   limit, a dead letter that could not be recorded, a broker that lost its disk). It
-//!   rescues only when the voice's work queue and the retry tiers hold no ready message:
-//!   a job waiting behind a backlog is not stuck. A segment rescued
-//!   [`MAX_RESCUES`] times is recorded failed, so a message that kills every worker
-//!   ends visibly instead of looping.
+//! - the stuck-job watchdog: per voice, it compares the segments the database says are
+//!   out (published, not finished) with the messages that can account for them (ready in
+//!   the voice's lanes, held unacknowledged by live workers as their heartbeats say, and
+//!   everything waiting in the shared retry tiers). When fewer are accounted for than
+//!   are out, on two looks a few heartbeats apart, messages were lost (the broker
+//!   dead-lettering one after its delivery limit, a dead letter that could not be
+//!   recorded, a broker that lost its disk): the voice's jobs that made no progress for
+//!   a lease get their pending segments published again. A busy voice or another voice's
+//!   retries no longer hide a loss; a job waiting behind a backlog is accounted for and
+//!   left alone. A segment rescued [`MAX_RESCUES`] times is recorded failed, so a
+//!   message that kills every worker ends visibly instead of looping.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,6 +41,20 @@ pub struct Reconciler {
     pub unpublished_after: Duration,
     /// Watchdog: a job without progress this long is rescued.
     pub lease: Duration,
+    /// Between this worker's heartbeats; rows of peers that did not record their own
+    /// staleness count as gone after 6 of these. A loss must be seen on two looks at
+    /// least 2 of these apart (heartbeats report held deliveries that late).
+    pub heartbeat: Duration,
+    /// Per voice: a loss seen, not yet confirmed.
+    pub suspected: BTreeMap<String, Suspicion>,
+}
+
+/// Messages of a voice seen missing, from `first` to `last`, at least `fewest` each time.
+#[derive(Debug, Clone, Copy)]
+pub struct Suspicion {
+    first: std::time::Instant,
+    last: std::time::Instant,
+    fewest: u64,
 }
 
 /// Ready messages in `queue` (a passive declare); `None` if the broker did not answer.
@@ -92,43 +109,120 @@ impl Reconciler {
         }
     }
 
-    /// The voices whose queues hold nothing ready (and no retry waits): only their jobs
-    /// can be stuck rather than waiting their turn.
-    async fn idle_voices(&self) -> Vec<String> {
+    /// Per voice of this worker: how many of its published, unfinished segments no
+    /// message accounts for (0 when all are, or when the broker did not answer). The
+    /// broker is read before the database: a segment finished in between is then counted
+    /// as held, never as missing.
+    /// With each, the longest heartbeat of the workers holding its deliveries.
+    async fn missing_by_voice(&self) -> BTreeMap<String, (u64, Duration)> {
+        let mut waiting = 0u64;
         for tier in RETRY_TIERS {
             match ready_messages(&self.channel, &retry_queue(tier)).await {
-                Some(0) => {}
-                _ => return Vec::new(),
+                Some(n) => waiting += u64::from(n),
+                None => return BTreeMap::new(),
             }
         }
-        let mut idle = Vec::new();
+        let mut ready = BTreeMap::new();
         for voice in &self.voices {
-            let mut empty = true;
+            let mut n = 0u64;
             for lane in 0..LANES {
-                empty &= ready_messages(&self.channel, &lane_queue(voice, lane)).await == Some(0);
+                match ready_messages(&self.channel, &lane_queue(voice, lane)).await {
+                    Some(r) => n += u64::from(r),
+                    None => return BTreeMap::new(),
+                }
             }
-            if empty {
-                idle.push(voice.clone());
-            }
+            ready.insert(voice.clone(), n);
         }
-        idle
+        let counts = match narrator_db::voice_outstanding(
+            &self.pool,
+            &self.voices,
+            self.heartbeat * 6,
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "watchdog cannot count outstanding segments");
+                return BTreeMap::new();
+            }
+        };
+        counts
+            .into_iter()
+            .map(|c| {
+                let accounted = ready.get(&c.voice).copied().unwrap_or(0) + c.held + waiting;
+                let missing = c.outstanding.saturating_sub(accounted);
+                (c.voice, (missing, c.slowest_heartbeat))
+            })
+            .collect()
     }
 
-    async fn watchdog(&self) {
-        let voices = self.idle_voices().await;
-        if voices.is_empty() {
-            return;
-        }
-        let rescues =
-            match narrator_db::rescue_stuck_jobs(&self.pool, &voices, self.lease, MAX_RESCUES, 16)
-                .await
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!(error = %e, "watchdog cannot scan for stuck jobs");
-                    return;
+    /// The voices with messages missing on looks at least two heartbeats apart (of the
+    /// slowest worker holding them, or this one's), and how many (the fewest seen). A
+    /// look that finds none in between does not clear the suspicion: a segment finished
+    /// between the broker's and the database's reading hides one loss for a look. Looks
+    /// that find none for two heartbeats do. A worker's held deliveries are reported up to
+    /// a heartbeat late, so a worker taking its first deliveries looks like a loss for
+    /// less than that, never on looks two heartbeats apart.
+    fn confirmed(&mut self, missing: BTreeMap<String, (u64, Duration)>) -> Vec<(String, u64)> {
+        let now = std::time::Instant::now();
+        let mut out = Vec::new();
+        for (voice, (n, slowest)) in missing {
+            let settle = self.heartbeat.max(slowest) * 2;
+            if n == 0 {
+                if self
+                    .suspected
+                    .get(&voice)
+                    .is_some_and(|s| now.duration_since(s.last) >= settle)
+                {
+                    self.suspected.remove(&voice);
                 }
-            };
+                continue;
+            }
+            let s = self.suspected.entry(voice.clone()).or_insert(Suspicion {
+                first: now,
+                last: now,
+                fewest: n,
+            });
+            s.last = now;
+            s.fewest = s.fewest.min(n);
+            if s.last.duration_since(s.first) >= settle {
+                out.push((voice, s.fewest));
+            }
+        }
+        out
+    }
+
+    async fn watchdog(&mut self) {
+        let missing = self.missing_by_voice().await;
+        for (voice, n) in self.confirmed(missing) {
+            self.rescue(&voice, n).await;
+        }
+    }
+
+    /// Publishes again the pending segments of `voice`'s jobs without progress for a
+    /// lease, at most one job per missing message (each has at least one).
+    async fn rescue(&mut self, voice: &str, missing: u64) {
+        let limit = u32::try_from(missing.min(16)).unwrap_or(16);
+        let voices = [voice.to_string()];
+        let rescues = match narrator_db::rescue_stuck_jobs(
+            &self.pool,
+            &voices,
+            self.lease,
+            MAX_RESCUES,
+            limit,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "watchdog cannot scan for stuck jobs");
+                return;
+            }
+        };
+        if !rescues.is_empty() {
+            // What was published again is accounted for from now on: look afresh.
+            self.suspected.remove(voice);
+        }
         for r in rescues {
             tracing::warn!(job = %r.job, segments = r.segments.len(), given_up = r.given_up,
                 lease_s = self.lease.as_secs(), "job made no progress for a lease; publishing its missing segments again");
@@ -159,7 +253,7 @@ impl Reconciler {
 }
 
 /// Runs the outbox reconciler and the watchdog until `stop`.
-pub(crate) async fn reconciler(r: Reconciler, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn reconciler(mut r: Reconciler, mut stop: watch::Receiver<bool>) {
     let every = r
         .unpublished_after
         .min(r.lease / 4)

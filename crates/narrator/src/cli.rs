@@ -384,7 +384,9 @@ pub(crate) struct WorkerArgs {
     #[arg(long, default_value_t = 30)]
     pub(crate) reconcile_after: u64,
     /// Seconds without progress after which a job's missing segments are published
-    /// again (the stuck-job watchdog; only while its voice's queue holds nothing ready).
+    /// again (the stuck-job watchdog: only once its voice has fewer messages in the
+    /// broker than segments out, so a job waiting behind a backlog is left alone). Also
+    /// how long after a cancel the job's objects are deleted from the store.
     #[arg(long, env = "NARRATOR_LEASE", default_value_t = 300)]
     pub(crate) lease: u64,
     /// Keep a finished job's segment audio and packs in S3 (for debugging) instead of
@@ -395,6 +397,17 @@ pub(crate) struct WorkerArgs {
     /// exits with an error, for its supervisor to restart it.
     #[arg(long, env = "NARRATOR_BROKER_TIMEOUT", default_value_t = 120)]
     pub(crate) broker_timeout: u64,
+    /// Seconds a segment may be postponed for outages (the database or S3 away), counted
+    /// from its first postponement, before it fails with the outage as its reason
+    /// (`narrator retry` brings it back). Default: a day.
+    #[arg(long, env = "NARRATOR_POSTPONE_BUDGET", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) postpone_budget: u64,
+    /// Seconds after which work in progress counts as wedged (a batch: past 10 times the
+    /// engine's mean batch and at least this; an assembly: this plus a tenth of the book's
+    /// audio time): `/healthz` fails, the worker's row says why, and the worker exits
+    /// non-zero so that its supervisor restarts it.
+    #[arg(long, env = "NARRATOR_WEDGED_AFTER", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) wedged_after: u64,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address, e.g.
     /// `0.0.0.0:9464` (`:0` picks a free port and prints it). Off by default.
     #[arg(long, env = "NARRATOR_LISTEN")]

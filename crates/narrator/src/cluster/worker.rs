@@ -239,6 +239,8 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         lease: Duration::from_secs(args.lease.max(1)),
         keep_intermediates: args.keep_intermediates,
         broker_timeout: Duration::from_secs(args.broker_timeout.max(1)),
+        postpone_budget: Duration::from_secs(args.postpone_budget),
+        wedged_after: Duration::from_secs(args.wedged_after),
         health: health.clone(),
         gauges: args.listen.is_some(),
     };
