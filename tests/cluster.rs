@@ -19,7 +19,16 @@ fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
     let book = w.book("three.md", &book_text(3, 5, None));
     let a = w.worker("a", &[], &[]);
     w.worker("b", &[], &[]);
-    let job = w.submit(&book, &["--format", "wav", "--chapter-files"]);
+    let job = w.submit(
+        &book,
+        &[
+            "--format",
+            "wav",
+            "--chapter-files",
+            "--subtitles",
+            "srt,vtt",
+        ],
+    );
     let deadline = Instant::now() + Duration::from_secs(120);
     while w.done_count(job) < 3 {
         assert!(Instant::now() < deadline, "no progress: {}", w.status(job));
@@ -59,6 +68,23 @@ fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
     let seconds = samples.len() as f64 / f64::from(rate);
     let want = manifest["book"]["seconds"].as_f64().expect("seconds");
     assert!((seconds - want).abs() < 0.01, "{seconds} vs {want}");
+    // Subtitles of the book and of each chapter file, written by the assembling worker
+    // from the layout: the book's first cue at the first segment's start.
+    let kinds = |kind: &str| outputs.iter().filter(|o| o["kind"] == kind).count();
+    assert_eq!(
+        (kinds("subtitles"), kinds("chapter subtitles")),
+        (2, 6),
+        "{st}"
+    );
+    let srt = String::from_utf8(w.s3_get(&output_key(&st, "subtitles"))).expect("utf8");
+    let first = manifest["segments"][0]["start_seconds"]
+        .as_f64()
+        .expect("start");
+    let ms = (first * 1000.0).round() as u64;
+    assert!(
+        srt.starts_with(&format!("1\n00:00:{:02},{:03} --> ", ms / 1000, ms % 1000)),
+        "{srt}"
+    );
     // Every segment recorded exactly once, by the workers that ran.
     let rows: Vec<(i32, String, i32)> = w.rt.block_on(async {
         sqlx::query_as("SELECT idx, worker, attempts FROM segment_figures WHERE job_id = $1 AND state = 'done' ORDER BY idx")

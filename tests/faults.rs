@@ -6,7 +6,7 @@
 //! audio, nothing intermediate left behind. docs/RELIABILITY.md names the promise each
 //! test keeps.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicAckOptions, BasicGetOptions};
@@ -14,7 +14,7 @@ use narrator_broker::{Publisher, SegmentMessage, work_queue};
 use narrator_db::{JobState, Uuid};
 use narrator_test_support::{
     PrivatePostgres, PrivateRabbit, PrivateS3, Services, VOICE, World, book_text, check_job,
-    eventually, root,
+    eventually,
 };
 
 fn segments_of(w: &World, job: Uuid) -> Vec<narrator_core::Segment> {

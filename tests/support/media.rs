@@ -86,3 +86,55 @@ pub fn check_m4b(manifest: &serde_json::Value, book: &Path) -> serde_json::Value
     assert_eq!(manifest["book"]["cover"]["bytes"], PNG.len());
     p["format"]["tags"].clone()
 }
+
+/// The cues of a subtitle file (SRT or WebVTT) as FFmpeg reads them: `(start, end,
+/// text)` in seconds, in order.
+pub fn subtitle_cues(path: &Path) -> Vec<(f64, f64, String)> {
+    let out = Command::new("ffprobe")
+        .args(["-v", "error", "-of", "json", "-show_packets", "-show_data"])
+        .arg(path)
+        .output()
+        .expect("ffprobe (Debian's ffmpeg, installed by ops/setup.sh)");
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ffprobe JSON");
+    let number = |v: &serde_json::Value| {
+        v.as_str()
+            .and_then(|s| s.parse::<f64>().ok())
+            .expect("a time")
+    };
+    json["packets"]
+        .as_array()
+        .expect("packets")
+        .iter()
+        .map(|p| {
+            let start = number(&p["pts_time"]);
+            let text = hexdump_text(p["data"].as_str().unwrap_or_default());
+            (start, start + number(&p["duration_time"]), text)
+        })
+        .collect()
+}
+
+/// The bytes of ffprobe's `-show_data` hexdump (`00000000: 4865 6c6c  Hell`) as text.
+fn hexdump_text(dump: &str) -> String {
+    let mut bytes = Vec::new();
+    for line in dump.lines() {
+        let Some((_, rest)) = line.split_once(": ") else {
+            continue;
+        };
+        // The hex groups end where two spaces start the ASCII column.
+        let hex = rest.split("  ").next().unwrap_or_default();
+        for group in hex.split_whitespace() {
+            for i in (0..group.len()).step_by(2) {
+                if let Ok(b) = u8::from_str_radix(&group[i..(i + 2).min(group.len())], 16) {
+                    bytes.push(b);
+                }
+            }
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}

@@ -18,6 +18,9 @@ pub struct BookEntry {
     /// The cover embedded in the audio files, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cover: Option<CoverEntry>,
+    /// Its subtitle files (`--subtitles`), times relative to the book file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subtitles: Vec<String>,
 }
 
 /// The cover embedded in the book's audio files.
@@ -42,6 +45,9 @@ pub struct ChapterEntry {
     pub seconds: f64,
     /// Where the chapter starts in the whole-book file.
     pub start_seconds: f64,
+    /// Subtitle files of its chapter file, times relative to that file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subtitles: Vec<String>,
 }
 
 /// One segment's place in the book.

@@ -272,7 +272,7 @@ pub async fn mark_in_engine(
 }
 
 /// Settings the producer chose that the assembler applies.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSettings {
     /// Silence after a sentence, ms.
     pub sentence_pause_ms: u32,
@@ -283,6 +283,9 @@ pub struct JobSettings {
     /// Also one file per chapter (`--chapter-files`).
     #[serde(default)]
     pub chapter_files: bool,
+    /// Subtitle formats to write (`--subtitles`: `srt`, `vtt`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subtitles: Vec<String>,
 }
 
 impl Default for JobSettings {
@@ -292,6 +295,7 @@ impl Default for JobSettings {
             paragraph_pause_ms: 600,
             chapter_pause_ms: 1500,
             chapter_files: false,
+            subtitles: Vec::new(),
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct AssembleOptions {
     pub pauses: Pauses,
     /// Folder for files being written (same filesystem as the outputs for a local store).
     pub staging: PathBuf,
+    /// Subtitle files to write beside the book file (and each chapter file).
+    pub subtitles: Vec<crate::SubtitleFormat>,
 }
 
 /// A file-name-safe form of a title: lowercase ASCII letters and digits joined by `-`.
@@ -609,6 +611,15 @@ async fn publish<A: AudioStore + 'static>(
             async move { store.put_output(&job, &name, &book_path).await }.instrument(upload),
         );
     }
+    let (book_subtitles, chapter_subtitles) = write_subtitles(plan, lay, rate, opts)?;
+    for name in book_subtitles
+        .iter()
+        .chain(chapter_subtitles.iter().flatten())
+    {
+        let (store, job, name) = (store.clone(), plan.job_id.clone(), name.clone());
+        let path = opts.staging.join(&name);
+        uploads.spawn(async move { store.put_output(&job, &name, &path).await });
+    }
     // Every output is up before the manifest that lists them (an error ends the assembly;
     // dropping the set cancels the other uploads).
     while let Some(done) = uploads.join_next().await {
@@ -639,15 +650,18 @@ async fn publish<A: AudioStore + 'static>(
                 mime: c.mime.clone(),
                 bytes: c.data.len() as u64,
             }),
+            subtitles: book_subtitles,
         },
         chapters: lay
             .chapters
             .iter()
-            .map(|c| ChapterEntry {
+            .zip(chapter_subtitles)
+            .map(|(c, subtitles)| ChapterEntry {
                 title: c.title.clone(),
                 file: c.file.clone(),
                 seconds: secs(c.samples),
                 start_seconds: secs(c.book_start),
+                subtitles,
             })
             .collect(),
         voice: plan.voice.clone(),
@@ -679,6 +693,58 @@ async fn publish<A: AudioStore + 'static>(
         .put_output(&plan.job_id, "manifest.json", &path)
         .await?;
     Ok(manifest)
+}
+
+/// Writes the subtitle files `opts.subtitles` asks for into the staging folder: the book
+/// file's (times from its start) and each chapter file's (times from the chapter's
+/// start). Returns their names: the book's, and per chapter (empty without a file).
+fn write_subtitles(
+    plan: &JobPlan,
+    lay: &Layout,
+    rate: u32,
+    opts: &AssembleOptions,
+) -> Result<(Vec<String>, Vec<Vec<String>>), PipelineError> {
+    if opts.subtitles.is_empty() {
+        return Ok((Vec::new(), vec![Vec::new(); lay.chapters.len()]));
+    }
+    let secs = |n: u64| n as f64 / f64::from(rate);
+    let spoken = |range: std::ops::Range<usize>, origin: u64| {
+        let parts = plan.segments[range.clone()]
+            .iter()
+            .zip(&lay.segments[range])
+            .map(move |(s, &(start, n))| (s.text.as_str(), secs(start - origin), secs(n)));
+        crate::subtitles::cues(parts)
+    };
+    let write = |stem: &str, cues: &[crate::subtitles::Cue]| {
+        let mut names = Vec::new();
+        for &format in &opts.subtitles {
+            let name = format!("{stem}.{}", format.extension());
+            let path = opts.staging.join(&name);
+            std::fs::write(&path, crate::subtitles::render(format, cues))
+                .map_err(|source| PipelineError::Io { path, source })?;
+            names.push(name);
+        }
+        Ok::<_, PipelineError>(names)
+    };
+    let stem = |file: &str| {
+        Path::new(file)
+            .file_stem()
+            .map_or_else(|| file.to_string(), |s| s.to_string_lossy().into_owned())
+    };
+    let book = write(&stem(&lay.book_file), &spoken(0..plan.segments.len(), 0))?;
+    let mut chapters = Vec::with_capacity(lay.chapters.len());
+    for (ch, c) in plan.chapters.iter().zip(&lay.chapters) {
+        let names = match &c.file {
+            Some(file) => {
+                let first = ch.first_segment as usize;
+                let range = first..first + ch.segment_count as usize;
+                write(&stem(file), &spoken(range, c.book_start))?
+            }
+            None => Vec::new(),
+        };
+        chapters.push(names);
+    }
+    Ok((book, chapters))
 }
 
 /// Whether a book in `format` can be encoded while its segments are synthesized

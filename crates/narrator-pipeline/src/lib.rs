@@ -18,6 +18,7 @@ pub mod local;
 pub mod plan;
 pub mod queue;
 pub mod runner;
+pub mod subtitles;
 pub mod synth;
 
 use std::path::PathBuf;
@@ -34,6 +35,7 @@ pub use local::{JournalStateStore, LocalAudioStore};
 pub use plan::{AudioIdentity, plan_job};
 pub use queue::InProcessQueue;
 pub use runner::{Event, PACK_MAX, RunOptions, Stages, synthesize_job, work};
+pub use subtitles::SubtitleFormat;
 pub use synth::{EngineStats, Fallback, Fault, Prepared, Synthesizer, Work, engine_runs};
 
 /// What can stop a job.

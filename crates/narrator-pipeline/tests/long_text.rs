@@ -15,8 +15,8 @@ use narrator_engine::{
 use narrator_phonemes::Phonemizer;
 use narrator_pipeline::{
     AssembleOptions, AudioIdentity, Budget, Event, Finished, JournalStateStore, LocalAudioStore,
-    RunOptions, Stages, Synthesizer, assemble, encode_as_stored, finish_early, plan_job,
-    synthesize_job,
+    RunOptions, Stages, SubtitleFormat, Synthesizer, assemble, encode_as_stored, finish_early,
+    plan_job, synthesize_job,
 };
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
@@ -110,6 +110,7 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
         chapter_files: true,
         pauses: Pauses::default(),
         staging: dir.path().join("staging"),
+        subtitles: vec![SubtitleFormat::Srt, SubtitleFormat::Vtt],
     };
     let m = assemble(&plan, &records, &stages.store, &aopts, 1.0)
         .await
@@ -135,6 +136,43 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
         m.book.seconds
     );
     assert!(dir.path().join("manifest.json").is_file());
+    // Subtitles: the book's and each chapter's, each cue of a one-cue segment at that
+    // segment's exact place in its file.
+    let stem = m.book.file.trim_end_matches(".wav");
+    assert_eq!(
+        m.book.subtitles,
+        [format!("{stem}.srt"), format!("{stem}.vtt")]
+    );
+    let srt = std::fs::read_to_string(dir.path().join(&m.book.subtitles[0])).expect("srt");
+    let clock = |s: f64| {
+        let ms = (s * 1000.0).round() as u64;
+        format!(
+            "{:02}:{:02}:{:02},{:03}",
+            ms / 3_600_000,
+            ms / 60_000 % 60,
+            ms / 1000 % 60,
+            ms % 1000
+        )
+    };
+    let mut checked = 0;
+    for (seg, entry) in plan.segments.iter().zip(&m.segments) {
+        if seg.text.chars().count() <= 40 && !seg.text.trim().is_empty() {
+            let line = format!(
+                "{} --> {}\n{}\n",
+                clock(entry.start_seconds),
+                clock(entry.start_seconds + entry.seconds),
+                seg.text.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+            assert!(srt.contains(&line), "segment {}: {line}", seg.index);
+            checked += 1;
+        }
+    }
+    assert!(checked > 100, "{checked} short segments checked");
+    for c in &m.chapters {
+        assert_eq!(c.subtitles.len(), 2, "{c:?}");
+        let vtt = std::fs::read_to_string(dir.path().join(&c.subtitles[1])).expect("vtt");
+        assert!(vtt.starts_with("WEBVTT\n\n"), "{}", c.subtitles[1]);
+    }
 }
 
 /// Fails every batch holding an utterance of exactly `len` ids.
@@ -174,6 +212,7 @@ async fn a_book_encoded_during_its_synthesis_is_the_book_assembled_after_it() {
         chapter_files: true,
         pauses: Pauses::default(),
         staging: out.join("staging"),
+        subtitles: vec![SubtitleFormat::Vtt],
     };
     let early = {
         let (plan, store, aopts) = (plan.clone(), stages.store.clone(), aopts(&early_out));

@@ -115,6 +115,13 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
             chapter_ms: stored.settings.chapter_pause_ms,
         },
         staging: staging.path().to_path_buf(),
+        subtitles: stored
+            .settings
+            .subtitles
+            .iter()
+            .map(|f| f.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?,
     };
     let segments = records.len();
     let audio_seconds: f64 = records.iter().map(|r| r.audio_seconds).sum();
@@ -157,6 +164,22 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
             bytes: size(file),
         })
     }));
+    let subtitles = manifest.book.subtitles.iter().map(|f| (f, "subtitles"));
+    let chapter_subtitles = manifest
+        .chapters
+        .iter()
+        .flat_map(|c| c.subtitles.iter().map(|f| (f, "chapter subtitles")));
+    outputs.extend(
+        subtitles
+            .chain(chapter_subtitles)
+            .map(|(file, kind)| Output {
+                key: store.output_key(&job_text, file),
+                kind: kind.into(),
+                name: file.clone(),
+                seconds: 0.0,
+                bytes: size(file),
+            }),
+    );
     outputs.push(Output {
         key: store.output_key(&job_text, "manifest.json"),
         kind: "manifest".into(),

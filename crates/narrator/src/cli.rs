@@ -349,6 +349,10 @@ pub(crate) struct SubmitArgs {
     /// encoding of every sample on the assembling worker.
     #[arg(long)]
     pub(crate) chapter_files: bool,
+    /// Subtitles beside the book file (and each chapter file): `srt`, `vtt` or both
+    /// (`srt,vtt`), written by the assembling worker.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) subtitles: Vec<String>,
     /// Priority recorded with the job (listed by `narrator jobs`).
     #[arg(long, default_value_t = 0)]
     pub(crate) priority: i32,
@@ -497,6 +501,10 @@ pub(crate) struct RunArgs {
     /// marks (not for m4b). Costs a second encoding of every sample.
     #[arg(long)]
     pub(crate) chapter_files: bool,
+    /// Subtitles beside the book file (and each chapter file): `srt`, `vtt` or both
+    /// (`srt,vtt`). One cue per sentence, split at words where it is long.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) subtitles: Vec<String>,
     /// Print the final summary as JSON instead of a progress bar and text.
     #[arg(long)]
     pub(crate) json: bool,

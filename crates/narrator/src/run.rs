@@ -106,6 +106,8 @@ struct Request<'a> {
     format: AudioFormat,
     /// One file per chapter too.
     chapter_files: bool,
+    /// Subtitle files to write.
+    subtitles: &'a [narrator_pipeline::SubtitleFormat],
     show_progress: bool,
     keep_work: bool,
 }
@@ -124,6 +126,7 @@ async fn produce(
         out,
         format,
         chapter_files,
+        subtitles,
         show_progress,
         keep_work,
     } = req;
@@ -165,6 +168,8 @@ async fn produce(
             && m.chapters
                 .iter()
                 .all(|c| c.file.is_some() == (chapter_files && format.supports_chapter_files()))
+            && m.book.subtitles.len() == subtitles.len()
+            && m.book.subtitles.iter().all(|f| out.join(f).is_file())
             && out.join(&m.book.file).is_file()
             && m.chapters
                 .iter()
@@ -240,6 +245,7 @@ async fn produce(
         chapter_files,
         pauses: pauses(targs),
         staging: work.join("staging"),
+        subtitles: subtitles.to_vec(),
     };
     let (early_tx, early) = if fresh && encodes_early(format) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -447,10 +453,25 @@ pub(crate) fn check_chapter_files(format: AudioFormat, chapter_files: bool) -> a
     Ok(())
 }
 
+/// The formats `--subtitles` names.
+pub(crate) fn subtitle_formats(
+    names: &[String],
+) -> anyhow::Result<Vec<narrator_pipeline::SubtitleFormat>> {
+    let mut formats = Vec::new();
+    for name in names {
+        let format = name.parse()?;
+        if !formats.contains(&format) {
+            formats.push(format);
+        }
+    }
+    Ok(formats)
+}
+
 /// `narrator run`.
 pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     let format: AudioFormat = args.format.parse()?;
     check_chapter_files(format, args.chapter_files)?;
+    let subtitles = subtitle_formats(&args.subtitles)?;
     // The voice first: its language decides how the text is read.
     let voice = engine::find_voice(paths, &args.engine)?;
     let opts = load_options(&args.text, &voice);
@@ -470,6 +491,7 @@ pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
         out: &args.out,
         format,
         chapter_files: args.chapter_files,
+        subtitles: &subtitles,
         show_progress: show,
         keep_work: args.keep_work,
     };
@@ -588,6 +610,7 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         out: work.path(),
         format,
         chapter_files: false,
+        subtitles: &[],
         show_progress: false,
         keep_work: false,
     };

@@ -85,6 +85,89 @@ fn run_makes_an_audiobook_folder_with_a_complete_manifest() {
     );
 }
 
+/// `--subtitles srt,vtt`: the book's and each chapter file's subtitles, read back by
+/// FFmpeg; every cue inside a segment's speech, the first at its exact start, chapter
+/// files' times from the chapter's start.
+#[test]
+fn subtitles_are_timed_by_the_layout_and_read_by_ffmpeg() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("book");
+    let run_with = |subtitles: &str| {
+        let (s, o) = (sample(), out.to_str().expect("utf8").to_string());
+        let book = s.to_str().expect("utf8");
+        let args = [
+            "run",
+            book,
+            "--out",
+            &o,
+            "--format",
+            "opus",
+            "--chapter-files",
+        ];
+        run_ok(&[&args[..], &["--subtitles", subtitles]].concat());
+    };
+    run_with("srt,vtt");
+    let m = manifest(&out);
+    let subs: Vec<&str> = m["book"]["subtitles"]
+        .as_array()
+        .expect("the manifest lists the subtitles")
+        .iter()
+        .map(|v| v.as_str().expect("name"))
+        .collect();
+    let stem = m["book"]["file"]
+        .as_str()
+        .expect("file")
+        .trim_end_matches(".opus");
+    assert_eq!(subs, [format!("{stem}.srt"), format!("{stem}.vtt")]);
+    let segs = m["segments"].as_array().expect("segments");
+    let at = |s: &serde_json::Value, k: &str| s[k].as_f64().expect("seconds");
+    for name in &subs {
+        let cues = media::subtitle_cues(&out.join(name));
+        assert!(cues.len() >= segs.len(), "{name}: {} cues", cues.len());
+        assert!(
+            (cues[0].0 - at(&segs[0], "start_seconds")).abs() < 0.0015,
+            "{name}"
+        );
+        assert!(
+            !cues[0].2.trim().is_empty(),
+            "{name}: the first cue has text"
+        );
+        // Every cue lies inside one segment's speech (never in a pause).
+        for (start, end, text) in &cues {
+            let inside = segs.iter().any(|s| {
+                let (a, d) = (at(s, "start_seconds"), at(s, "seconds"));
+                *start >= a - 0.0015 && *end <= a + d + 0.0015
+            });
+            assert!(inside, "{name}: cue {start}-{end} {text:?}");
+        }
+    }
+    // The second chapter's file starts at its own zero.
+    let ch = &m["chapters"][1];
+    let first = segs
+        .iter()
+        .find(|s| s["chapter"] == 1)
+        .expect("a segment of chapter 2");
+    let vtt = ch["subtitles"][1].as_str().expect("chapter vtt");
+    let cues = media::subtitle_cues(&out.join(vtt));
+    let want = at(first, "start_seconds") - at(ch, "start_seconds");
+    assert!((cues[0].0 - want).abs() < 0.0015, "{} vs {want}", cues[0].0);
+    // A run over the finished folder asking for other subtitles writes them.
+    run_with("vtt");
+    assert_eq!(
+        manifest(&out)["book"]["subtitles"].as_array().map(Vec::len),
+        Some(1)
+    );
+    let e = run_err(&[
+        "run",
+        sample().to_str().expect("utf8"),
+        "--out",
+        out.to_str().expect("utf8"),
+        "--subtitles",
+        "ass",
+    ]);
+    assert!(e.contains("--subtitles srt,vtt"), "{e}");
+}
+
 #[test]
 fn killed_run_resumes_and_matches_an_uninterrupted_run() {
     let dir = tempfile::tempdir().expect("tmp");

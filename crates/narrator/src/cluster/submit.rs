@@ -73,6 +73,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
 pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()> {
     let format: AudioFormat = args.format.parse()?;
     crate::run::check_chapter_files(format, args.chapter_files)?;
+    let subtitles = crate::run::subtitle_formats(&args.subtitles)?;
     let voice = narrator_engine::Voice::find(&paths.voices, &args.voice)?;
     let digest = identity_digest(&voice);
     let d = voice.family.default_scales();
@@ -132,6 +133,10 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
         paragraph_pause_ms: args.text.paragraph_pause_ms,
         chapter_pause_ms: args.text.chapter_pause_ms,
         chapter_files: args.chapter_files,
+        subtitles: subtitles
+            .iter()
+            .map(|f| f.extension().to_string())
+            .collect(),
     };
     let pool = cluster::database(&args.services).await?;
     let conn = cluster::broker(&args.services, "narrator-submit").await?;
