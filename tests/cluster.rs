@@ -72,10 +72,25 @@ fn two_workers_one_killed_mid_job_the_job_completes_with_every_segment_once() {
     // from the layout: the book's first cue at the first segment's start.
     let kinds = |kind: &str| outputs.iter().filter(|o| o["kind"] == kind).count();
     assert_eq!(
-        (kinds("subtitles"), kinds("chapter subtitles")),
-        (2, 6),
+        (
+            kinds("subtitles"),
+            kinds("chapter subtitles"),
+            kinds("timings")
+        ),
+        (2, 6, 1),
         "{st}"
     );
+    let timings: serde_json::Value =
+        serde_json::from_slice(&w.s3_get(&output_key(&st, "timings"))).expect("timings.json");
+    let sentences = timings["sentences"].as_array().expect("sentences");
+    assert_eq!(sentences.len() as u64, total);
+    for (t, m) in sentences
+        .iter()
+        .zip(manifest["segments"].as_array().expect("segments"))
+    {
+        let start = t["start"].as_f64().expect("start");
+        assert!((start - m["start_seconds"].as_f64().expect("s")).abs() < 1e-9);
+    }
     let srt = String::from_utf8(w.s3_get(&output_key(&st, "subtitles"))).expect("utf8");
     let first = manifest["segments"][0]["start_seconds"]
         .as_f64()

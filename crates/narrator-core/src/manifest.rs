@@ -21,6 +21,10 @@ pub struct BookEntry {
     /// Its subtitle files (`--subtitles`), times relative to the book file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subtitles: Vec<String>,
+    /// `timings.json` (with `--subtitles`): every sentence's first and last sample of
+    /// speech in the book file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<String>,
 }
 
 /// The cover embedded in the book's audio files.

@@ -650,7 +650,12 @@ async fn publish<A: AudioStore + 'static>(
                 mime: c.mime.clone(),
                 bytes: c.data.len() as u64,
             }),
-            subtitles: book_subtitles,
+            timings: book_subtitles.iter().find(|f| *f == TIMINGS_FILE).cloned(),
+            subtitles: book_subtitles
+                .iter()
+                .filter(|f| *f != TIMINGS_FILE)
+                .cloned()
+                .collect(),
         },
         chapters: lay
             .chapters
@@ -695,9 +700,13 @@ async fn publish<A: AudioStore + 'static>(
     Ok(manifest)
 }
 
+/// Where every sentence is spoken in the book file (written with subtitles).
+pub const TIMINGS_FILE: &str = "timings.json";
+
 /// Writes the subtitle files `opts.subtitles` asks for into the staging folder: the book
 /// file's (times from its start) and each chapter file's (times from the chapter's
-/// start). Returns their names: the book's, and per chapter (empty without a file).
+/// start), and [`TIMINGS_FILE`]. Returns their names: the book's (the timings last), and
+/// per chapter (empty without a file).
 fn write_subtitles(
     plan: &JobPlan,
     lay: &Layout,
@@ -731,7 +740,29 @@ fn write_subtitles(
             .file_stem()
             .map_or_else(|| file.to_string(), |s| s.to_string_lossy().into_owned())
     };
-    let book = write(&stem(&lay.book_file), &spoken(0..plan.segments.len(), 0))?;
+    let mut book = write(&stem(&lay.book_file), &spoken(0..plan.segments.len(), 0))?;
+    let timings = crate::subtitles::Timings {
+        file: lay.book_file.clone(),
+        sample_rate: rate,
+        sentences: plan
+            .segments
+            .iter()
+            .zip(&lay.segments)
+            .map(|(s, &(start, n))| crate::subtitles::SentenceTiming {
+                index: s.index,
+                chapter: s.chapter,
+                text: s.text.clone(),
+                start_sample: start,
+                end_sample: start + n,
+                start: secs(start),
+                end: secs(start + n),
+            })
+            .collect(),
+    };
+    let path = opts.staging.join(TIMINGS_FILE);
+    let json = serde_json::to_vec_pretty(&timings).map_err(PipelineError::Manifest)?;
+    std::fs::write(&path, json).map_err(|source| PipelineError::Io { path, source })?;
+    book.push(TIMINGS_FILE.to_string());
     let mut chapters = Vec::with_capacity(lay.chapters.len());
     for (ch, c) in plan.chapters.iter().zip(&lay.chapters) {
         let names = match &c.file {

@@ -164,6 +164,37 @@ fn clock(seconds: f64, format: SubtitleFormat) -> String {
     )
 }
 
+/// `timings.json`: where every sentence is spoken in the book file.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Timings {
+    /// The book file the times are in.
+    pub file: String,
+    /// Its sample rate (samples below are at this rate).
+    pub sample_rate: u32,
+    /// Every sentence (segment) in order.
+    pub sentences: Vec<SentenceTiming>,
+}
+
+/// One sentence's speech in the book file: from its first sample to the sample after its
+/// last (pauses excluded).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SentenceTiming {
+    /// Segment index.
+    pub index: u32,
+    /// Chapter index.
+    pub chapter: u32,
+    /// What was spoken (after normalization and lexicons).
+    pub text: String,
+    /// First sample.
+    pub start_sample: u64,
+    /// The sample after the last.
+    pub end_sample: u64,
+    /// `start_sample` in seconds.
+    pub start: f64,
+    /// `end_sample` in seconds.
+    pub end: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

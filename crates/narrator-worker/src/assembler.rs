@@ -164,7 +164,8 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
             bytes: size(file),
         })
     }));
-    let subtitles = manifest.book.subtitles.iter().map(|f| (f, "subtitles"));
+    let subtitles = (manifest.book.subtitles.iter().map(|f| (f, "subtitles")))
+        .chain(manifest.book.timings.iter().map(|f| (f, "timings")));
     let chapter_subtitles = manifest
         .chapters
         .iter()

@@ -119,6 +119,32 @@ fn subtitles_are_timed_by_the_layout_and_read_by_ffmpeg() {
         .expect("file")
         .trim_end_matches(".opus");
     assert_eq!(subs, [format!("{stem}.srt"), format!("{stem}.vtt")]);
+    // timings.json: every sentence's samples in the book file, as the manifest places it.
+    assert_eq!(m["book"]["timings"], "timings.json");
+    let timings: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("timings.json")).expect("timings.json"))
+            .expect("json");
+    let rate = timings["sample_rate"].as_f64().expect("rate");
+    for (t, s) in timings["sentences"]
+        .as_array()
+        .expect("sentences")
+        .iter()
+        .zip(m["segments"].as_array().expect("segments"))
+    {
+        let (a, b) = (
+            t["start_sample"].as_f64().expect("a"),
+            t["end_sample"].as_f64().expect("b"),
+        );
+        assert!(
+            (a / rate - s["start_seconds"].as_f64().expect("s")).abs() < 1e-6,
+            "{t}"
+        );
+        assert!(
+            ((b - a) / rate - s["seconds"].as_f64().expect("s")).abs() < 1e-6,
+            "{t}"
+        );
+        assert!(!t["text"].as_str().expect("text").is_empty());
+    }
     let segs = m["segments"].as_array().expect("segments");
     let at = |s: &serde_json::Value, k: &str| s[k].as_f64().expect("seconds");
     for name in &subs {
