@@ -63,7 +63,16 @@ impl VoiceConfig {
         let sample_rate = raw
             .pointer("/audio/sample_rate")
             .and_then(|v| v.as_u64())
-            .ok_or_else(|| bad("missing audio.sample_rate"))? as u32;
+            .ok_or_else(|| bad("missing audio.sample_rate"))?;
+        // Not cut to 32 bits: 4294967296 would be a rate of 0 (a division by zero later).
+        let sample_rate = u32::try_from(sample_rate)
+            .ok()
+            .filter(|&r| r > 0)
+            .ok_or_else(|| {
+                bad(&format!(
+                    "audio.sample_rate {sample_rate} is not a sample rate"
+                ))
+            })?;
         let espeak_voice = raw
             .pointer("/espeak/voice")
             .and_then(|v| v.as_str())
@@ -405,6 +414,23 @@ mod tests {
             }
         );
         assert_eq!(c.language, "en_US");
+    }
+
+    #[test]
+    fn a_sample_rate_of_zero_or_past_32_bits_is_refused() {
+        // Found by the property `voice_config_piper` (tests/properties.rs): 4294967296 was
+        // cut to a rate of 0, which the Opus resampler then divides by.
+        for rate in ["0", "4294967296", "4294989346"] {
+            let json = format!(
+                r#"{{"audio":{{"sample_rate":{rate}}},"espeak":{{"voice":"en-us"}},"phoneme_id_map":{{"_":[0]}}}}"#
+            );
+            let e = VoiceConfig::from_json(Path::new("v.json"), &json).expect_err(rate);
+            assert!(
+                e.to_string()
+                    .contains(&format!("audio.sample_rate {rate} is not a sample rate")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

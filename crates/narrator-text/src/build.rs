@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use crate::error::escape_controls;
 use crate::heading::speakable_title;
 use crate::normalize::{Language, Skipped, normalize};
 use crate::segment::{cap_sentence, split_sentences};
@@ -50,7 +51,8 @@ pub(crate) fn build(
     let cap = opts.max_sentence_chars.max(1);
     let language = Language::of(&opts.language);
     let mut skipped = Skipped::default();
-    let mut warnings = raw.warnings;
+    // One line each, whatever the input named (an archive entry, front matter).
+    let mut warnings: Vec<String> = raw.warnings.iter().map(|w| escape_controls(w)).collect();
     // The title as written goes into tags and file names; its spoken form names
     // untitled chapters.
     let written_title = raw

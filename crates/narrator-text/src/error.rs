@@ -142,6 +142,63 @@ impl TextError {
             Self::Cover { .. } => "cover",
         }
     }
+
+    /// The same error with the control characters of what the input named escaped (an
+    /// archive entry, a cover's path, a reason quoting them), so that its message stays one
+    /// line, and a terminal shows it as written, whatever a book calls its files.
+    pub(crate) fn one_line(self) -> Self {
+        match self {
+            Self::EpubBroken {
+                path,
+                reason,
+                source,
+            } => Self::EpubBroken {
+                path,
+                reason: escape_controls(&reason),
+                source,
+            },
+            Self::EpubMalformed {
+                path,
+                entry,
+                line,
+                column,
+                source,
+            } => Self::EpubMalformed {
+                path,
+                entry: escape_controls(&entry),
+                line,
+                column,
+                source,
+            },
+            Self::Cover {
+                path,
+                cover,
+                reason,
+            } => Self::Cover {
+                path,
+                cover: escape_controls(&cover),
+                reason: escape_controls(&reason),
+            },
+            other => other,
+        }
+    }
+}
+
+/// `text` with its control characters (line breaks, escape sequences) escaped as `\n`,
+/// `\u{1b}`: for messages, which are one line.
+pub(crate) fn escape_controls(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Bytes as a short human string: exact bytes below 1 MiB, else MiB with one decimal.

@@ -159,31 +159,68 @@ impl Lexicon {
     /// an error naming the entry.
     pub fn apply(&self, sentence: &str, limit: usize) -> Result<String, LexiconError> {
         let limit = limit.max(sentence.chars().count());
+        // Past this many bytes the text has more than `limit` characters (4 bytes at most
+        // each): an entry stops there, so one whose replacement names its match a million
+        // times costs no more memory than the limit allows, not the million copies.
+        let budget = limit.saturating_mul(4);
         let mut text = sentence.to_owned();
         for e in &self.entries {
             if !e.pattern.is_match(&text) {
                 continue;
             }
-            text = outside_phonemes(&text, |part| {
-                e.pattern
-                    .replace_all(part, e.replacement.as_str())
-                    .into_owned()
-            });
-            let chars = text.chars().count();
-            if chars > limit {
+            let (grown, whole) =
+                outside_phonemes(&text, |part, out| e.replace_into(part, out, budget));
+            let chars = grown.chars().count();
+            if !whole || chars > limit {
                 let start: String = sentence.chars().take(40).collect();
+                let at_least = if whole { "" } else { "at least " };
                 return Err(LexiconError {
                     file: e.file.clone(),
                     line: e.line,
                     reason: format!(
-                        "this entry makes the sentence \"{start}…\" {chars} characters long, \
-                         over the {limit} a sentence may grow to; make its replacement \
+                        "this entry makes the sentence \"{start}…\" {at_least}{chars} characters \
+                         long, over the {limit} a sentence may grow to; make its replacement \
                          shorter or its pattern narrower (does it match its own output?)"
                     ),
                 });
             }
+            text = grown;
         }
         Ok(text)
+    }
+}
+
+impl Entry {
+    /// Appends `part` with every match replaced to `out`, as `Regex::replace_all` does (the
+    /// same expansion of `$1`, `${name}`, `$$`), but stops, returning `false`, as soon as
+    /// `out` would hold more than `budget` bytes.
+    fn replace_into(&self, part: &str, out: &mut String, budget: usize) -> bool {
+        let mut last = 0;
+        let mut over = false;
+        for caps in self.pattern.captures_iter(part) {
+            let Some(m) = caps.get(0) else { continue };
+            out.push_str(&part[last..m.start()]);
+            regex_automata::util::interpolate::string(
+                &self.replacement,
+                |index, dst| {
+                    if let Some(group) = caps.get(index) {
+                        if dst.len() + group.len() > budget {
+                            over = true;
+                        } else {
+                            dst.push_str(group.as_str());
+                        }
+                    }
+                },
+                |name| self.pattern.capture_names().position(|n| n == Some(name)),
+                out,
+            );
+            last = m.end();
+            if over || out.len() > budget {
+                return false;
+            }
+        }
+        out.push_str(&part[last..]);
+        out.len() <= budget
     }
 }
 
@@ -200,12 +237,15 @@ fn split_entry(line: &str) -> Option<(&str, &str)> {
     Some((word.trim(), replacement))
 }
 
-/// Applies `f` to the parts of `text` outside `[[ … ]]`.
-fn outside_phonemes(text: &str, mut f: impl FnMut(&str) -> String) -> String {
+/// `text` again, `f` appending each part outside `[[ … ]]` (the blocks are copied as
+/// they are); `false` with what was built so far as soon as `f` returns `false`.
+fn outside_phonemes(text: &str, mut f: impl FnMut(&str, &mut String) -> bool) -> (String, bool) {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("[[") {
-        out.push_str(&f(&rest[..start]));
+        if !f(&rest[..start], &mut out) {
+            return (out, false);
+        }
         match rest[start..].find("]]") {
             Some(end) => {
                 out.push_str(&rest[start..start + end + 2]);
@@ -217,8 +257,8 @@ fn outside_phonemes(text: &str, mut f: impl FnMut(&str) -> String) -> String {
             }
         }
     }
-    out.push_str(&f(rest));
-    out
+    let whole = f(rest, &mut out);
+    (out, whole)
 }
 
 #[cfg(test)]
@@ -295,6 +335,50 @@ mod tests {
             lex("x = y").apply("xxxx x", 3).expect("same length"),
             "xxxx y"
         );
+    }
+
+    #[test]
+    fn an_entry_that_names_its_match_many_times_stops_at_the_limit() {
+        // Found by the property `lexicon_amplification` (tests/properties.rs): each of 214
+        // matches became 131,073 copies of itself, 28 million characters built in full
+        // (84 MB) before the length was checked; a line of a million `$0` on a sentence of
+        // 400 characters asked for 400 million.
+        let l = lex(&format!("/./ = {}", "$0".repeat(131_073)));
+        let e = l.apply(&"a".repeat(214), 0).expect_err("grows too long");
+        assert!(
+            e.reason.contains("at least") && e.reason.contains("over the 214"),
+            "{e}"
+        );
+        // Within the limit it applies in full.
+        assert_eq!(
+            l.apply("a", 200_000).expect("fits").len(),
+            131_073,
+            "one match, 131,073 copies"
+        );
+    }
+
+    #[test]
+    fn replacements_expand_as_regex_does() {
+        let sentence = "ab cd ef";
+        for (pattern, replacement) in [
+            (r"(\w)(\w)", "$2$1"),
+            (r"(\w)(\w)", "${2}x$1"),
+            (r"(\w)(\w)", "$1x"),
+            (r"(?P<n>\w)\w", "[${n}]"),
+            (r"(?P<n>\w)\w", "$n$$"),
+            (r"(\w)", "$9-$"),
+            (r"(\w)", "${1"),
+            (r"\w*", "<$0>"),
+        ] {
+            let re = Regex::new(pattern).expect("regex");
+            let expected = re.replace_all(sentence, replacement).into_owned();
+            let l = lex(&format!("/{pattern}/ = {replacement}"));
+            assert_eq!(
+                l.apply(sentence, 800).expect("applies"),
+                expected,
+                "/{pattern}/ = {replacement}"
+            );
+        }
     }
 
     #[test]

@@ -164,7 +164,7 @@ impl Chapter {
 /// Reads and parses the file at `path`, choosing the format from its extension
 /// (`.txt`, `.md`, `.markdown`, `.epub`, case-insensitive).
 pub fn load_document(path: &Path, opts: &LoadOptions) -> Result<Document, TextError> {
-    input::load(path, opts)
+    input::load(path, opts).map_err(TextError::one_line)
 }
 
 /// Parses text already in memory (e.g. read from stdin). `format` must be
@@ -176,12 +176,13 @@ pub fn parse_document(
     opts: &LoadOptions,
 ) -> Result<Document, TextError> {
     input::parse_text(text, format, opts, Path::new(input::STDIN_ORIGIN))
+        .map_err(TextError::one_line)
 }
 
 /// Reads a cover image given on the command line (JPEG or PNG, at most
 /// [`narrator_core::MAX_COVER_BYTES`]); `book` names the input in the error.
 pub fn load_cover(path: &Path, book: &Path) -> Result<narrator_core::Cover, TextError> {
-    input::read_cover(path, &path.display().to_string(), book, None)
+    input::read_cover(path, &path.display().to_string(), book, None).map_err(TextError::one_line)
 }
 
 /// Parses an EPUB held in memory (e.g. read from stdin).
@@ -191,4 +192,5 @@ pub fn parse_epub_bytes(bytes: &[u8], opts: &LoadOptions) -> Result<Document, Te
         opts,
         Path::new(input::STDIN_ORIGIN),
     )
+    .map_err(TextError::one_line)
 }

@@ -431,6 +431,63 @@ fn broken_epubs_give_clear_errors() {
     }
 }
 
+/// Found by the property `epub_random_structure` (tests/properties.rs): an href of
+/// `a%0a.xhtml` names the archive entry "a\n.xhtml", and the error naming it was two
+/// lines. Errors and warnings escape what a book names instead.
+#[test]
+fn names_with_control_characters_stay_on_one_line() {
+    let container = (
+        "META-INF/container.xml",
+        r#"<container><rootfiles><rootfile full-path="p.opf"/></rootfiles></container>"#,
+    );
+    let opf = (
+        "p.opf",
+        r#"<package><manifest><item id="a" href="a%0a.xhtml" media-type="application/xhtml+xml"/><item id="b" href="b%0a%1b.xhtml" media-type="application/xhtml+xml"/></manifest><spine><itemref idref="a"/><itemref idref="b"/></spine></package>"#,
+    );
+    let err = parse_epub_bytes(
+        &epub_with(&[container, opf, ("a\n.xhtml", "not XML")]),
+        &opts(),
+    )
+    .expect_err("not well-formed");
+    let msg = err.to_string();
+    assert!(
+        !msg.chars().any(char::is_control) && msg.contains("a\\n.xhtml is not well-formed"),
+        "{msg}"
+    );
+    let doc = parse_epub_bytes(
+        &epub_with(&[
+            container,
+            opf,
+            ("a\n.xhtml", "<html><body><p>Text.</p></body></html>"),
+        ]),
+        &opts(),
+    )
+    .expect("the chapter that is there is read");
+    assert!(
+        doc.warnings
+            .iter()
+            .any(|w| w.contains("b\\n\\u{1b}.xhtml is missing")),
+        "{:?}",
+        doc.warnings
+    );
+    assert!(
+        doc.warnings
+            .iter()
+            .all(|w| !w.chars().any(char::is_control)),
+        "{:?}",
+        doc.warnings
+    );
+    // A cover named with an escape character (YAML's `\e`; line breaks in front matter
+    // values are folded to spaces).
+    let md = "---\ncover: \"img/a\\eb.jpg\"\n---\n\nText.\n";
+    let err = parse_document(md, InputFormat::Markdown, &opts()).expect_err("no such cover");
+    let msg = err.to_string();
+    assert!(
+        !msg.chars().any(char::is_control) && msg.contains("img/a\\u{1b}b.jpg"),
+        "{msg}"
+    );
+}
+
 fn load_err(name: &str, bytes: &[u8], opts: &LoadOptions) -> TextError {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write_file(dir.path(), name, bytes);

