@@ -61,10 +61,22 @@ pub struct LexiconError {
     pub reason: String,
 }
 
+/// The most memory one lexicon file's patterns may take once compiled, together: 40
+/// lines of `/\w{100}/` took 230 MB before this bound (each Unicode `\w` repeated is a
+/// large automaton); a word entry takes about 22 KB, so this allows some 3,000 of them.
+pub(crate) const MAX_COMPILED_BYTES: usize = 64 << 20;
+
+/// The heap a compiled `pattern` holds (as the regex crate builds it).
+fn compiled_bytes(pattern: &str) -> usize {
+    regex_automata::meta::Regex::new(pattern).map_or(0, |r| r.memory_usage())
+}
+
 impl Lexicon {
-    /// Parses lexicon text; `file` names it in errors.
+    /// Parses lexicon text; `file` names it in errors. Its patterns may take at most
+    /// [`MAX_COMPILED_BYTES`] once compiled.
     pub fn parse(text: &str, file: &str) -> Result<Lexicon, LexiconError> {
         let mut entries = Vec::new();
+        let mut compiled = 0usize;
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -89,18 +101,30 @@ impl Lexicon {
                     "phonemes go inside [[ and ]]; one of the two is missing".into(),
                 ));
             }
-            let pattern = if let Some(re) =
+            let (source, what) = if let Some(re) =
                 pattern.strip_prefix('/').and_then(|p| p.strip_suffix('/'))
             {
-                Regex::new(re).map_err(|e| err(format!("invalid regular expression: {e}")))?
+                (re.to_owned(), "invalid regular expression")
             } else {
                 let words: Vec<String> = pattern.split_whitespace().map(regex::escape).collect();
                 if words.is_empty() {
                     return Err(err("the word to replace is empty".into()));
                 }
-                Regex::new(&format!(r"(?i)\b{}\b", words.join(r"\s+")))
-                    .map_err(|e| err(format!("cannot match this word: {e}")))?
+                (
+                    format!(r"(?i)\b{}\b", words.join(r"\s+")),
+                    "cannot match this word",
+                )
             };
+            let pattern = Regex::new(&source).map_err(|e| err(format!("{what}: {e}")))?;
+            compiled = compiled.saturating_add(compiled_bytes(&source));
+            if compiled > MAX_COMPILED_BYTES {
+                return Err(err(format!(
+                    "the patterns up to this line take more than {} MiB once compiled; use \
+                     fewer or narrower patterns (`\\w` and `.` match letters of every script: \
+                     `[a-z]` is far smaller), or split the lexicon between books",
+                    MAX_COMPILED_BYTES >> 20
+                )));
+            }
             entries.push(Entry {
                 pattern,
                 replacement: replacement.to_owned(),
@@ -334,6 +358,30 @@ mod tests {
         assert_eq!(
             lex("x = y").apply("xxxx x", 3).expect("same length"),
             "xxxx y"
+        );
+    }
+
+    #[test]
+    fn patterns_that_compile_to_too_much_memory_are_refused_by_line() {
+        // Each `\w{100}` compiles to megabytes: before the bound, 40 of them took 230 MB.
+        let text: String = (0..40).map(|i| format!("/\\w{{100}}{i}/ = x\n")).collect();
+        let e = Lexicon::parse(&text, "big.lexicon").unwrap_err();
+        assert_eq!(e.file, "big.lexicon");
+        assert!(e.line > 1 && e.line < 40, "line {}", e.line);
+        assert!(
+            e.reason.contains("more than 64 MiB once compiled"),
+            "{}",
+            e.reason
+        );
+        // Ordinary lexicons are far below it: a thousand words.
+        let words: String = (0..1000)
+            .map(|i| format!("name{i} = nayme {i}\n"))
+            .collect();
+        assert_eq!(
+            Lexicon::parse(&words, "names.lexicon")
+                .expect("words")
+                .len(),
+            1000
         );
     }
 
