@@ -80,6 +80,13 @@ pub trait Family: Send + Sync + std::fmt::Debug {
         rt: &'static Runtime,
         opts: &SessionOptions,
     ) -> Result<Box<dyn Backend>, EngineError>;
+    /// The graphs installed for this voice that a session on `device` may load, by the
+    /// name [`SessionOptions::graph`] takes, the family's default for the device first.
+    /// Empty where there is one graph only (or a setting fixed it): nothing to choose.
+    /// A calibration on CPU times them side by side and keeps the faster.
+    fn graphs(&self, _device: crate::Device) -> Vec<&'static str> {
+        Vec::new()
+    }
     /// The model file its sessions load.
     fn model_path(&self) -> PathBuf;
     /// The files `narrator voices remove` deletes (none where the voice shares its files

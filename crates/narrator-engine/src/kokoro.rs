@@ -47,15 +47,25 @@ pub const STYLE_ROWS: usize = 510;
 /// The internal tensor with each token's frame count.
 pub const DURATIONS_TENSOR: &str = "/encoder/Round_output_0";
 /// The graph file of an installation: `NARRATOR_KOKORO_GRAPH=int8|fp32` if set, else the
-/// fp32 graph on CUDA when it is installed, else the int8 graph (the faster one on CPU).
-pub fn graph_for(dir: &Path, device: Device, cuda_available: bool) -> Result<PathBuf, EngineError> {
+/// graph `chosen` (a calibration's choice: [`Family::graphs`]), else the fp32 graph on CUDA
+/// when it is installed, else the int8 graph.
+pub fn graph_for(
+    dir: &Path,
+    device: Device,
+    cuda_available: bool,
+    chosen: Option<&str>,
+) -> Result<PathBuf, EngineError> {
     let int8 = dir.join("model.onnx");
     let fp32 = dir.join("model.fp32.onnx");
-    match std::env::var("NARRATOR_KOKORO_GRAPH").ok().as_deref() {
+    let (name, setting) = match std::env::var("NARRATOR_KOKORO_GRAPH").ok() {
+        Some(forced) => (Some(forced), "NARRATOR_KOKORO_GRAPH"),
+        None => (chosen.map(str::to_string), "the calibration's choice"),
+    };
+    match name.as_deref() {
         Some("fp32") if fp32.is_file() => return Ok(fp32),
         Some("fp32") => {
             return Err(EngineError::NotInstalled {
-                voice: "the Kokoro fp32 graph (NARRATOR_KOKORO_GRAPH=fp32)".into(),
+                voice: format!("the Kokoro fp32 graph ({setting}: fp32)"),
                 missing: fp32,
             });
         }
@@ -482,11 +492,26 @@ impl Family for KokoroVoice {
     ) -> Result<Box<dyn Backend>, EngineError> {
         Ok(Box::new(KokoroEngine::load(
             rt,
-            &graph_for(&self.dir, opts.device, rt.cuda_available)?,
+            &graph_for(
+                &self.dir,
+                opts.device,
+                rt.cuda_available,
+                opts.graph.as_deref(),
+            )?,
             self.styles.clone(),
             self.vocab.space(),
             opts,
         )?))
+    }
+
+    fn graphs(&self, device: Device) -> Vec<&'static str> {
+        // On CPU both graphs run (which is faster depends on the CPU: docs/BENCHMARKS.md,
+        // issue 28); on CUDA only the fp32 one runs on the device. A setting fixes it.
+        let settled = std::env::var_os("NARRATOR_KOKORO_GRAPH").is_some();
+        if settled || device != Device::Cpu || !self.dir.join("model.fp32.onnx").is_file() {
+            return Vec::new();
+        }
+        vec!["int8", "fp32"]
     }
 
     fn model_path(&self) -> PathBuf {

@@ -40,6 +40,9 @@ pub struct SessionOptions {
     /// changes, so fewer distinct lengths (16 by default there) save that per-run cost;
     /// the audio is the same, as padding is masked by `input_lengths` and trimmed.
     pub pad_multiple: usize,
+    /// Which of the family's installed graphs to load ([`crate::Family::graphs`]), e.g.
+    /// Kokoro's `fp32`; `None`: the family's own default for the device.
+    pub graph: Option<String>,
 }
 
 /// What ONNX Runtime's CPU memory arena does between runs. A VITS run's memory grows

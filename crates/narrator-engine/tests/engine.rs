@@ -47,6 +47,7 @@ fn engine_padded_to(pad_multiple: usize) -> (PiperVoice, PiperEngine) {
         spin: true,
         cpu_arena: ArenaPolicy::new(CpuArena::default()),
         pad_multiple,
+        graph: None,
     };
     let engine = PiperEngine::load(rt, &voice.model_path, &opts).expect("session");
     (voice, engine)

@@ -37,6 +37,7 @@ fn cpu() -> SessionOptions {
         spin: false,
         cpu_arena: ArenaPolicy::new(CpuArena::default()),
         pad_multiple: 1,
+        graph: None,
     }
 }
 

@@ -22,8 +22,8 @@ pub mod threads;
 pub use catalog::Catalog;
 pub use doctor::{Finding, RuntimeFacts, Severity, diagnose};
 pub use plan::{
-    Calibration, CalibrationPoint, CalibrationSource, DeviceSpec, LAYOUT_SWITCH_GAIN, LayoutPoint,
-    Plan, PlanLimits, PlanOrigin, PlanSource, choose_layout, plan,
+    Calibration, CalibrationPoint, CalibrationSource, DeviceSpec, GRAPH_SWITCH_GAIN,
+    LAYOUT_SWITCH_GAIN, LayoutPoint, Plan, PlanLimits, PlanOrigin, PlanSource, choose_layout, plan,
 };
 pub use profile::{
     CpuInfo, GpuInfo, HardwareProfile, MemoryInfo, THROTTLE_REASONS, gpus_now, probe, sample_gpus,

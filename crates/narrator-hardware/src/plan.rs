@@ -142,7 +142,17 @@ pub struct LayoutPoint {
     /// noise. `None` in calibrations cached before they were kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub range: Option<(f64, f64)>,
+    /// The graph its sessions loaded where the voice has several ([`Calibration::graph`]);
+    /// `None`: the family's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<String>,
 }
+
+/// How much faster than the default graph's fastest round another graph's slowest round
+/// must be before a calibration loads it instead. Both run in the same thread layout, so
+/// the rest of a run (phonemizing, encoding) takes the same share of the CPU with either:
+/// the bar is the measurement's noise, which the ranges already carry.
+pub const GRAPH_SWITCH_GAIN: f64 = 0.03;
 
 /// How much faster than the default layout's fastest round another layout's slowest round
 /// must be before a calibration switches to it. The comparison runs the engine alone; a
@@ -154,6 +164,14 @@ pub struct LayoutPoint {
 pub const LAYOUT_SWITCH_GAIN: f64 = 0.15;
 
 impl LayoutPoint {
+    /// `SESSIONSxTHREADS`, with the graph where one was named (`2x1 fp32`).
+    pub fn name(&self) -> String {
+        match &self.graph {
+            Some(g) => format!("{}x{} {g}", self.sessions, self.intra_threads),
+            None => format!("{}x{}", self.sessions, self.intra_threads),
+        }
+    }
+
     /// Its slowest round (its median where the rounds were not kept).
     pub fn worst(&self) -> f64 {
         self.range.map_or(self.throughput, |(lo, _)| lo)
@@ -185,7 +203,7 @@ pub fn choose_layout<'a>(
     available_bytes: u64,
     gain: f64,
 ) -> (&'a LayoutPoint, String) {
-    let name = |l: &LayoutPoint| format!("{}x{}", l.sessions, l.intra_threads);
+    let name = |l: &LayoutPoint| l.name();
     let tight = default
         .memory_bytes
         .is_some_and(|b| b > available_bytes / 2);
@@ -264,6 +282,14 @@ pub struct Calibration {
     /// Why the layout that runs was chosen (empty when none was measured).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub layout_reason: String,
+    /// The graph chosen where the voice has several installed for this device (Kokoro's
+    /// `int8` and `fp32` on CPU), timed side by side in the chosen layout (they are in
+    /// [`Self::layouts`] too); `None`: the family's default, nothing to choose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<String>,
+    /// Why that graph (empty when none was measured).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub graph_reason: String,
     /// Seconds the measurement took.
     pub seconds: f64,
 }
@@ -407,6 +433,8 @@ impl Calibration {
             source: CalibrationSource::Supplied,
             layouts: Vec::new(),
             layout_reason: String::new(),
+            graph: None,
+            graph_reason: String::new(),
             seconds: 0.0,
         }
     }
@@ -528,6 +556,10 @@ pub struct Plan {
     /// Where the plan came from, and whether flags changed it.
     #[serde(default)]
     pub source: PlanSource,
+    /// The graph the sessions loaded where the voice has several for this device
+    /// ([`Calibration::graph`]; Kokoro's `int8` or `fp32` on CPU); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<String>,
 }
 
 impl Plan {
@@ -659,6 +691,7 @@ pub fn plan(device: &DeviceSpec, calib: &Calibration, limits: &PlanLimits) -> Pl
             CalibrationSource::Catalog => PlanOrigin::Catalog,
             CalibrationSource::Measured | CalibrationSource::Cache => PlanOrigin::Calibration,
         }),
+        graph: None,
     }
 }
 
@@ -853,6 +886,7 @@ mod tests {
             throughput,
             memory_bytes: mib.map(|m| m * MIB),
             range: None,
+            graph: None,
         }
     }
 
@@ -875,6 +909,28 @@ mod tests {
         default.range = Some((7.0, 12.5));
         let (l, _) = choose_layout(&default, &other, 16 << 30, LAYOUT_SWITCH_GAIN);
         assert_eq!(l, &default);
+    }
+
+    #[test]
+    fn another_graph_wins_when_its_slowest_round_beats_the_default_graphs_best() {
+        let graph = |name: &str, x: f64, range: (f64, f64)| LayoutPoint {
+            graph: Some(name.into()),
+            range: Some(range),
+            ..layout(2, 1, x, Some(900))
+        };
+        // Kokoro on an AVX-512 host (issue 28's second bench): fp32 about 11 % faster.
+        let int8 = graph("int8", 2.48, (2.42, 2.55));
+        let fp32 = graph("fp32", 2.75, (2.68, 2.83));
+        let (g, why) = choose_layout(&int8, &fp32, 16 << 30, GRAPH_SWITCH_GAIN);
+        assert_eq!(g.graph.as_deref(), Some("fp32"), "{why}");
+        assert!(why.starts_with("2x1 fp32 by throughput"), "{why}");
+        // On the first host int8 was faster: it stays, and so it does on a tie in noise.
+        let slow_fp32 = graph("fp32", 1.95, (1.9, 2.0));
+        let (g, _) = choose_layout(&int8, &slow_fp32, 16 << 30, GRAPH_SWITCH_GAIN);
+        assert_eq!(g.graph.as_deref(), Some("int8"));
+        let overlapping = graph("fp32", 2.60, (2.50, 2.70));
+        let (g, why) = choose_layout(&int8, &overlapping, 16 << 30, GRAPH_SWITCH_GAIN);
+        assert_eq!(g.graph.as_deref(), Some("int8"), "{why}");
     }
 
     #[test]

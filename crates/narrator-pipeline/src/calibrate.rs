@@ -160,6 +160,8 @@ pub fn calibrate(
         source: narrator_hardware::CalibrationSource::Measured,
         layouts: Vec::new(),
         layout_reason: String::new(),
+        graph: None,
+        graph_reason: String::new(),
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -215,25 +217,16 @@ fn warm_up_budget(synth: &Synthesizer, item_tokens: usize) -> Result<f64, Pipeli
     ))
 }
 
-/// What [`compare_layouts`] measured.
+/// One side of a side-by-side engine measurement ([`compare_layouts`], [`compare_graphs`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct LayoutComparison {
-    /// × realtime of the synthesizer's pool (median of the rounds).
-    pub one_x: f64,
-    /// × realtime of `many` (median of the rounds).
-    pub many_x: f64,
-    /// The slowest round of `many`.
-    pub many_worst: f64,
-    /// The slowest and fastest rounds of the synthesizer's pool.
-    pub one_range: (f64, f64),
-    /// The slowest and fastest rounds of `many`.
-    pub many_range: (f64, f64),
-    /// Resident memory the first run of the synthesizer's pool added at its peak (arena
-    /// growth and working buffers, not its weights), in bytes; `None` where the peak
-    /// cannot be read or reset.
-    pub one_work_bytes: Option<u64>,
-    /// The same for `many`, every session running at once.
-    pub many_work_bytes: Option<u64>,
+pub struct Measured {
+    /// × realtime (median of the rounds).
+    pub x: f64,
+    /// The slowest and fastest rounds (× realtime): the measurement's own noise.
+    pub range: (f64, f64),
+    /// Resident memory its first run added at its peak (arena growth and working
+    /// buffers, not its weights), in bytes; `None` where the peak cannot be read or reset.
+    pub work_bytes: Option<u64>,
 }
 
 /// Runs `f` once and returns the resident memory it added at its peak.
@@ -251,36 +244,74 @@ fn peak_added<T>(
     })
 }
 
+/// Two workloads, each returning the samples it made: a first run of each (whose memory
+/// is measured: arenas grow), then `rounds` rounds alternating them, timed.
+fn alternate(
+    a: impl Fn() -> Result<f64, PipelineError>,
+    b: impl Fn() -> Result<f64, PipelineError>,
+    sample_rate: u32,
+    rounds: usize,
+) -> Result<(Measured, Measured), PipelineError> {
+    let a_work = peak_added(&a)?;
+    let b_work = peak_added(&b)?;
+    let rate = f64::from(sample_rate);
+    let (mut ra, mut rb) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        let samples = a()?;
+        ra.push(samples / rate / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let samples = b()?;
+        rb.push(samples / rate / t.elapsed().as_secs_f64());
+    }
+    let measured = |mut v: Vec<f64>, work_bytes| {
+        v.sort_by(f64::total_cmp);
+        Measured {
+            x: v[v.len() / 2],
+            range: (v[0], v[v.len() - 1]),
+            work_bytes,
+        }
+    };
+    Ok((measured(ra, a_work), measured(rb, b_work)))
+}
+
+/// `k` batch-1 runs of `item` on `pool` at once (every session busy): the samples made.
+fn all_busy(
+    pool: &narrator_engine::EnginePool,
+    k: usize,
+    item: &[i64],
+    scales: narrator_engine::Scales,
+) -> Result<f64, PipelineError> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..k)
+            .map(|_| s.spawn(|| pool.synthesize_blocking(vec![item.to_vec()], scales)))
+            .collect();
+        let mut samples = 0usize;
+        for h in handles {
+            let out = h
+                .join()
+                .map_err(|_| PipelineError::Internal("a calibration thread panicked"))??;
+            samples += out.audio.iter().map(Vec::len).sum::<usize>();
+        }
+        Ok(samples as f64)
+    })
+}
+
 /// Thread layouts on CPU: the synthesizer's pool (one session using every core) against
 /// `many` (one single-threaded session per core), each running batch-1 items with every
 /// session busy, alternated for `rounds` rounds, after a first run of each whose memory
-/// is measured. Switch only if even the slowest round of `many` wins: see
-/// [`narrator_hardware::CalibrationPoint::beats`].
+/// is measured. Returns (the synthesizer's pool, `many`). Whether to switch is
+/// [`narrator_hardware::choose_layout`]'s call.
 pub fn compare_layouts(
     synth: &Synthesizer,
     many: &narrator_engine::EnginePool,
     item_tokens: usize,
     rounds: usize,
-) -> Result<LayoutComparison, PipelineError> {
+) -> Result<(Measured, Measured), PipelineError> {
     let item = calibration_items(synth, item_tokens)?;
     let scales = synth.scales();
     let one = synth.pool();
     let k = many.sessions().max(1);
-    let concurrent = || -> Result<f64, PipelineError> {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..k)
-                .map(|_| s.spawn(|| many.synthesize_blocking(vec![item.clone()], scales)))
-                .collect();
-            let mut samples = 0usize;
-            for h in handles {
-                let out = h
-                    .join()
-                    .map_err(|_| PipelineError::Internal("a calibration thread panicked"))??;
-                samples += out.audio.iter().map(Vec::len).sum::<usize>();
-            }
-            Ok(samples as f64)
-        })
-    };
     let sequential = || -> Result<f64, PipelineError> {
         let mut samples = 0usize;
         for _ in 0..k {
@@ -289,37 +320,31 @@ pub fn compare_layouts(
         }
         Ok(samples as f64)
     };
-    // Warm-up: first runs allocate (arenas grow), which is the memory measured.
-    let one_work_bytes = peak_added(sequential)?;
-    let many_work_bytes = peak_added(concurrent)?;
-    let rate = f64::from(synth.sample_rate());
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..rounds.max(1) {
-        let t = Instant::now();
-        let samples = sequential()?;
-        a.push(samples / rate / t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        let samples = concurrent()?;
-        b.push(samples / rate / t.elapsed().as_secs_f64());
-    }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let range = |v: &[f64]| {
-        (
-            v.iter().copied().fold(f64::INFINITY, f64::min),
-            v.iter().copied().fold(0.0, f64::max),
-        )
-    };
-    let (one_range, many_range) = (range(&a), range(&b));
-    Ok(LayoutComparison {
-        one_x: median(a),
-        many_x: median(b),
-        many_worst: many_range.0,
-        one_range,
-        many_range,
-        one_work_bytes,
-        many_work_bytes,
-    })
+    alternate(
+        sequential,
+        || all_busy(many, k, &item, scales),
+        synth.sample_rate(),
+        rounds,
+    )
+}
+
+/// Two graphs of one voice in the same thread layout (e.g. Kokoro's int8 and fp32 on a
+/// CPU, where which is faster depends on the CPU's instructions): the synthesizer's pool
+/// against `other`, every session of each busy with batch-1 items, alternated for
+/// `rounds` rounds. Returns (the synthesizer's pool, `other`).
+pub fn compare_graphs(
+    synth: &Synthesizer,
+    other: &narrator_engine::EnginePool,
+    item_tokens: usize,
+    rounds: usize,
+) -> Result<(Measured, Measured), PipelineError> {
+    let item = calibration_items(synth, item_tokens)?;
+    let scales = synth.scales();
+    let mine = synth.pool();
+    alternate(
+        || all_busy(&mine, mine.sessions().max(1), &item, scales),
+        || all_busy(other, other.sessions().max(1), &item, scales),
+        synth.sample_rate(),
+        rounds,
+    )
 }

@@ -53,6 +53,7 @@ impl Loaded {
                     "source": c.source, "bytes_per_token": c.bytes_per_token,
                     "fixed_bytes": c.fixed_bytes, "points": c.points.len(), "seconds": c.seconds,
                         "layouts": c.layouts, "layout_reason": c.layout_reason,
+                        "graph": c.graph, "graph_reason": c.graph_reason,
                 }));
             }
         }
@@ -202,6 +203,64 @@ fn default_cpu_sessions(cores: usize, available_bytes: u64) -> usize {
     by_memory.clamp(1, cores.max(1))
 }
 
+/// Opens a CPU pool of (sessions, intra-op threads, graph).
+type CpuPool<'a> = dyn Fn(usize, usize, Option<&str>) -> anyhow::Result<EnginePool> + 'a;
+
+/// Times `other` against the default graph in the layout chosen (`sessions`, `intra`)
+/// and loads it into `synth` if [`narrator_hardware::choose_layout`] says it wins by
+/// [`narrator_hardware::GRAPH_SWITCH_GAIN`]. Returns the graph chosen (`None`: the
+/// default), why, and both measurements for the calibration's record.
+fn compare_graphs(
+    name: &str,
+    synth: &Synthesizer,
+    (default_graph, other): (&str, &str),
+    (sessions, intra): (usize, usize),
+    default_memory: Option<u64>,
+    cpu_pool: &CpuPool<'_>,
+    spec: &DeviceSpec,
+) -> anyhow::Result<(Option<String>, String, Vec<narrator_hardware::LayoutPoint>)> {
+    let rss_before = narrator_hardware::memory::process_rss();
+    let other_pool = cpu_pool(sessions, intra, Some(other))?;
+    let other_load = rss_added_since(rss_before);
+    let (a, b) = tokio::task::block_in_place(|| {
+        narrator_pipeline::calibrate::compare_graphs(synth, &other_pool, ITEM_TOKENS, 3)
+    })
+    .with_context(|| format!("comparing the graphs {default_graph} and {other} of voice {name}"))?;
+    let point = |graph: &str, m: &narrator_pipeline::calibrate::Measured, load: Option<u64>| {
+        narrator_hardware::LayoutPoint {
+            sessions,
+            intra_threads: intra,
+            throughput: m.x,
+            memory_bytes: load.zip(m.work_bytes).map(|(l, w)| l + w),
+            range: Some(m.range),
+            graph: Some(graph.to_string()),
+        }
+    };
+    // The default graph's memory as its layout was measured (its first runs grew its
+    // arenas there; here they are warm), where it was.
+    let mut d = point(default_graph, &a, None);
+    d.memory_bytes = default_memory;
+    let o = point(other, &b, other_load);
+    let available = match spec {
+        DeviceSpec::Cpu {
+            available_bytes, ..
+        } => *available_bytes,
+        DeviceSpec::Gpu { .. } => u64::MAX,
+    };
+    let (chosen, why) =
+        narrator_hardware::choose_layout(&d, &o, available, narrator_hardware::GRAPH_SWITCH_GAIN);
+    tracing::info!(
+        default_x = d.throughput,
+        other_x = o.throughput,
+        "graphs measured: {why}"
+    );
+    let switch = chosen == &o;
+    if switch {
+        synth.set_pool(other_pool);
+    }
+    Ok((switch.then(|| other.to_string()), why, vec![d, o]))
+}
+
 /// Resident memory added since `before` (a [`narrator_hardware::memory::process_rss`]).
 fn rss_added_since(before: Option<u64>) -> Option<u64> {
     Some(narrator_hardware::memory::process_rss()?.saturating_sub(before?))
@@ -320,6 +379,7 @@ pub(crate) fn load_with(
         spin: !args.no_spin && !on_gpu,
         cpu_arena: arena.clone(),
         pad_multiple: args.pad_to.unwrap_or(if on_gpu { 16 } else { 1 }).max(1),
+        graph: None,
     };
     // What loading the sessions adds to resident memory (weights, prepacked copies): the
     // calibration weighs each thread layout's memory with it.
@@ -366,7 +426,7 @@ pub(crate) fn load_with(
     };
     let cache = calibration_path(paths, &name, &spec.model(), &runtime, &layout);
     let on_cpu = matches!(spec, DeviceSpec::Cpu { .. }) && test_memory_limit().is_none();
-    let cpu_pool = |sessions: usize, intra: usize| {
+    let cpu_pool = |sessions: usize, intra: usize, graph: Option<&str>| {
         EnginePool::start(
             rt,
             voice.family.clone(),
@@ -379,10 +439,19 @@ pub(crate) fn load_with(
                     spin: !args.no_spin,
                     cpu_arena: arena.clone(),
                     pad_multiple: 1,
+                    graph: graph.map(str::to_string),
                 },
             },
         )
         .with_context(|| format!("loading voice {name} with {sessions} sessions"))
+    };
+    // Graphs this voice has installed for the device, the default first (Kokoro's int8
+    // and fp32 on CPU): a calibration times them in the layout that runs (measured, or
+    // fixed by flags); empty where there is nothing to choose.
+    let graphs = if on_cpu {
+        voice.family.graphs(used)
+    } else {
+        Vec::new()
     };
     let limits = PlanLimits::default();
     let known = match &spec {
@@ -402,12 +471,26 @@ pub(crate) fn load_with(
             None => read_cached(&cache),
         },
     };
+    // The graph the running sessions loaded, where there was a choice.
+    let mut loaded_graph = graphs.first().map(|g| g.to_string());
     let calibration = match (cached, planning) {
         (Some(c), _) => {
-            if auto_layout && on_cpu && (c.sessions, c.intra_threads) != (sessions, intra) {
+            // A graph the cached calibration chose, if it is still installed.
+            let graph = c
+                .graph
+                .as_deref()
+                .filter(|g| graphs.get(1..).is_some_and(|others| others.contains(g)));
+            if let Some(g) = graph {
+                loaded_graph = Some(g.to_string());
+            }
+            let relayout =
+                auto_layout && on_cpu && (c.sessions, c.intra_threads) != (sessions, intra);
+            if relayout {
                 // The cached calibration chose another thread layout: run with it.
-                synth.set_pool(cpu_pool(c.sessions, c.intra_threads)?);
                 (sessions, intra) = (c.sessions, c.intra_threads);
+            }
+            if relayout || graph.is_some() {
+                synth.set_pool(cpu_pool(sessions, intra, graph)?);
             }
             Some(c)
         }
@@ -415,6 +498,8 @@ pub(crate) fn load_with(
         (None, _) => {
             let mut layouts = Vec::new();
             let mut layout_reason = String::new();
+            // The running pool's measured peak memory (where its layout was measured).
+            let mut current_memory = None;
             if auto_layout && on_cpu && sessions >= 2 {
                 // The default (one single-threaded session per core) against one session
                 // on every core: the default stays unless the other is faster by the knee
@@ -422,7 +507,7 @@ pub(crate) fn load_with(
                 // When memory is tight, throughput per GiB decides (choose_layout).
                 let default_pool = synth.pool();
                 let rss_before_one = narrator_hardware::memory::process_rss();
-                synth.set_pool(cpu_pool(1, cores)?);
+                synth.set_pool(cpu_pool(1, cores, None)?);
                 let one_load_bytes = rss_added_since(rss_before_one);
                 let m = tokio::task::block_in_place(|| {
                     narrator_pipeline::calibrate::compare_layouts(
@@ -433,20 +518,23 @@ pub(crate) fn load_with(
                     )
                 })
                 .with_context(|| format!("comparing thread layouts for voice {name}"))?;
+                let (m_one, m_many) = m;
                 let sum = |a: Option<u64>, b: Option<u64>| Some(a? + b?);
                 let one = narrator_hardware::LayoutPoint {
                     sessions: 1,
                     intra_threads: cores,
-                    throughput: m.one_x,
-                    memory_bytes: sum(one_load_bytes, m.one_work_bytes),
-                    range: Some(m.one_range),
+                    throughput: m_one.x,
+                    memory_bytes: sum(one_load_bytes, m_one.work_bytes),
+                    range: Some(m_one.range),
+                    graph: None,
                 };
                 let many = narrator_hardware::LayoutPoint {
                     sessions,
                     intra_threads: intra,
-                    throughput: m.many_x,
-                    memory_bytes: sum(pool_load_bytes, m.many_work_bytes),
-                    range: Some(m.many_range),
+                    throughput: m_many.x,
+                    memory_bytes: sum(pool_load_bytes, m_many.work_bytes),
+                    range: Some(m_many.range),
+                    graph: None,
                 };
                 let available = match &spec {
                     DeviceSpec::Cpu {
@@ -463,14 +551,18 @@ pub(crate) fn load_with(
                 layout_reason = why.clone();
                 let switch = chosen == &one;
                 tracing::info!(
-                    one_x = m.one_x,
-                    many_x = m.many_x,
-                    many_worst = m.many_worst,
+                    one_x = one.throughput,
+                    many_x = many.throughput,
                     one_bytes = one.memory_bytes,
                     many_bytes = many.memory_bytes,
                     cores,
                     "thread layouts measured: {why}"
                 );
+                current_memory = if switch {
+                    one.memory_bytes
+                } else {
+                    many.memory_bytes
+                };
                 layouts.push(one);
                 layouts.push(many);
                 if switch {
@@ -478,8 +570,29 @@ pub(crate) fn load_with(
                 } else {
                     synth.set_pool(match Arc::try_unwrap(default_pool) {
                         Ok(pool) => pool,
-                        Err(_) => cpu_pool(sessions, intra)?,
+                        Err(_) => cpu_pool(sessions, intra, None)?,
                     });
+                }
+            }
+            let (mut graph, mut graph_reason) = (None, String::new());
+            if let [default_graph, others @ ..] = graphs.as_slice() {
+                for other in others {
+                    let (chosen, why, points) = compare_graphs(
+                        &name,
+                        &synth,
+                        (default_graph, other),
+                        (sessions, intra),
+                        current_memory,
+                        &cpu_pool,
+                        &spec,
+                    )?;
+                    layouts.extend(points);
+                    graph_reason = why;
+                    if chosen.as_deref() == Some(*other) {
+                        graph = chosen;
+                        loaded_graph = graph.clone();
+                        break;
+                    }
                 }
             }
             eprintln!(
@@ -526,6 +639,8 @@ pub(crate) fn load_with(
                 .with_context(|| format!("calibrating voice {name}"))?;
             c.layouts = layouts;
             c.layout_reason = layout_reason;
+            c.graph = graph;
+            c.graph_reason = graph_reason;
             write_cached(&cache, &c);
             Some(c)
         }
@@ -561,6 +676,7 @@ pub(crate) fn load_with(
     };
     plan.sessions = sessions;
     plan.intra_threads = intra;
+    plan.graph = loaded_graph;
     if on_cpu && sessions > 1 && arena.mode() == narrator_engine::CpuArena::Bounded {
         // Each session's arena would keep the largest run it ever made, and several of
         // them add up: keep them at sentence-sized runs, larger runs give back theirs.
@@ -625,6 +741,7 @@ pub(crate) fn load_with(
             spin: !args.no_spin,
             cpu_arena: arena.clone(),
             pad_multiple: 1,
+            graph: None,
         };
         synth = synth.with_fallback(Box::new(move || {
             let pool = EnginePool::start(
@@ -721,6 +838,7 @@ pub(crate) fn load_null(
         batch_items: n,
         reason: "null engine: fixed plan (--max-batch)".into(),
         source: PlanOrigin::Flags.into(),
+        graph: None,
     };
     Ok(Loaded {
         synth,

@@ -187,9 +187,24 @@ pub(crate) async fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow:
                         .memory_bytes
                         .map(|b| format!(", {:.0} MiB at its peak", b as f64 / 1048576.0))
                         .unwrap_or_default();
+                    let graph = l
+                        .graph
+                        .as_deref()
+                        .map(|g| format!(", graph {g}"))
+                        .unwrap_or_default();
                     println!(
-                        "    layout {} session(s) × {} thread(s): {:.1}x realtime (batch 1, all sessions busy){memory}",
+                        "    layout {} session(s) × {} thread(s){graph}: {:.1}x realtime (batch 1, all sessions busy){memory}",
                         l.sessions, l.intra_threads, l.throughput
+                    );
+                }
+                if !c.layout_reason.is_empty() {
+                    println!("    layout chosen: {}", c.layout_reason);
+                }
+                if !c.graph_reason.is_empty() {
+                    println!(
+                        "    graph chosen: {} ({})",
+                        c.graph.as_deref().unwrap_or("the default"),
+                        c.graph_reason
                     );
                 }
                 for p in &c.points {

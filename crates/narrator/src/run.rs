@@ -526,6 +526,7 @@ fn print_summary(o: &Outcome, out: &Path, json: bool) -> anyhow::Result<()> {
                 "max_batch_tokens": p.max_batch_tokens,
                 "source": p.source,
                 "reason": p.reason,
+                "graph": p.graph,
             })),
         });
         println!("{v}");

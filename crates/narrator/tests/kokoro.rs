@@ -197,3 +197,114 @@ fn bad_kokoro_voices_get_one_line() {
     assert!(!out.status.success());
     assert!(err.contains("narrator voices install kokoro"), "{err}");
 }
+
+/// `narrator` with calibrations cached in `cache`, its JSON output on success.
+fn json_in(cache: &Path, args: &[&str], graph_env: Option<&str>) -> serde_json::Value {
+    let mut cmd = narrator();
+    cmd.env("NARRATOR_CACHE_DIR", cache).args(args);
+    match graph_env {
+        Some(g) => cmd.env("NARRATOR_KOKORO_GRAPH", g),
+        None => cmd.env_remove("NARRATOR_KOKORO_GRAPH"),
+    };
+    let o = cmd.output().expect("spawn narrator");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let line = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    serde_json::from_str(&line).expect("one JSON object")
+}
+
+#[test]
+fn a_calibration_times_both_kokoro_graphs_and_runs_keep_its_choice() {
+    let fp32 = Path::new(ROOT).join(".deps/voices/kokoro/model.fp32.onnx");
+    assert!(
+        fp32.is_file(),
+        "the fp32 graph is missing: run `bash ops/setup.sh --kokoro --gpu`"
+    );
+    let cache = tempfile::tempdir().expect("tmp");
+    let plan = json_in(
+        cache.path(),
+        &[
+            "plan",
+            "--voice",
+            "af_heart",
+            "--json",
+            "--calibrate",
+            "always",
+            // The layout fixed (not measured: that is the Piper tests' part), to save time.
+            "--sessions",
+            "2",
+            "--intra-threads",
+            "1",
+        ],
+        None,
+    );
+    // Both graphs timed side by side in the layout that runs, and the choice explained.
+    let c = &plan["calibration"];
+    let timed: Vec<&str> = c["layouts"]
+        .as_array()
+        .map(|l| l.iter().filter_map(|p| p["graph"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(timed, ["int8", "fp32"], "{c}");
+    let why = c["graph_reason"].as_str().unwrap_or_default();
+    assert!(why.contains("int8") && why.contains("fp32"), "{c}");
+    let chosen = c["graph"].as_str().unwrap_or("int8");
+    assert_eq!(plan["graph"].as_str(), Some(chosen), "{plan}");
+    assert!(why.contains(&format!("{chosen} by throughput")), "{why}");
+
+    // A run reads the cached choice and loads that graph: set it to each in turn.
+    let file = std::fs::read_dir(cache.path().join("calibration"))
+        .expect("calibration cached")
+        .flatten()
+        .next()
+        .expect("one calibration file")
+        .path();
+    let text = cache.path().join("one.txt");
+    std::fs::write(&text, "Curiouser and curiouser, cried Alice.").expect("write");
+    for graph in ["fp32", "int8"] {
+        let mut cached: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("json");
+        cached["graph"] = graph.into();
+        std::fs::write(&file, cached.to_string()).expect("write");
+        let out = cache.path().join(graph);
+        let run = json_in(
+            cache.path(),
+            &[
+                "run",
+                text.to_str().expect("utf8"),
+                "--voice",
+                "af_heart",
+                "--format",
+                "wav",
+                "--sessions",
+                "2",
+                "--intra-threads",
+                "1",
+                "--out",
+                out.to_str().expect("utf8"),
+                "--json",
+            ],
+            None,
+        );
+        assert_eq!(run["plan"]["graph"], graph, "{run}");
+        assert_eq!(run["plan"]["source"], "calibration+flags", "{run}");
+    }
+    // A setting fixes the graph: nothing to choose, nothing reported.
+    let fixed = json_in(
+        cache.path(),
+        &[
+            "plan",
+            "--voice",
+            "af_heart",
+            "--json",
+            "--sessions",
+            "2",
+            "--intra-threads",
+            "1",
+        ],
+        Some("fp32"),
+    );
+    assert!(fixed["graph"].is_null(), "{fixed}");
+}
