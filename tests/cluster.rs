@@ -874,3 +874,46 @@ fn one_worker_serves_a_piper_and_a_kokoro_voice_each_at_its_own_rate() {
         assert!(seconds > 2.0, "{voice}: {seconds} s for two sentences");
     }
 }
+
+#[test]
+fn each_job_runs_at_its_own_submitted_speed_on_a_worker_that_batches_them_together() {
+    let mut w = World::new();
+    let book = w.book("rate.md", &book_text(1, 6, None));
+    // Both jobs queued before the worker starts: its batches hold segments of both.
+    let normal = w.submit(&book, &["--format", "wav"]);
+    let fast = w.submit(&book, &["--format", "wav", "--speed", "1.5"]);
+    assert_ne!(normal, fast, "the rate is part of the job's identity");
+    w.worker(
+        "rates",
+        &["--max-batch", "12", "--noise-w", "0", "--noise-scale", "0"],
+        &[],
+    );
+    let speech = |job| {
+        w.wait_state(job, JobState::Done, Duration::from_secs(240));
+        let m = w.manifest(job);
+        m["segments"]
+            .as_array()
+            .expect("segments")
+            .iter()
+            .map(|s| s["seconds"].as_f64().expect("seconds"))
+            .collect::<Vec<f64>>()
+    };
+    let (a, b) = (speech(normal), speech(fast));
+    assert_eq!(a.len(), b.len());
+    for (n, f) in a.iter().zip(&b) {
+        // Durations scale with the length scale, less the trimmed edges: 1/1.5 = 0.67.
+        let ratio = f / n;
+        assert!(
+            (0.55..0.8).contains(&ratio),
+            "{f} s at 1.5x vs {n} s: {ratio}"
+        );
+    }
+    let settings: serde_json::Value = w.rt.block_on(async {
+        sqlx::query_scalar("SELECT settings::jsonb FROM jobs WHERE id = $1")
+            .bind(fast)
+            .fetch_one(&w.pool)
+            .await
+            .expect("settings")
+    });
+    assert_eq!(settings["speed"].as_f64(), Some(1.5), "{settings}");
+}

@@ -220,6 +220,11 @@ fn prometheus_scrapes_a_worker_and_its_figures_match_the_database() {
     eventually(Duration::from_secs(30), "a scrape after the job", || {
         prom.value(&format!("sum(narrator_segments_done_total{voice})")) == Some(rows.len() as f64)
     });
+    // The family label the dashboard's by-family panel sums over.
+    assert_eq!(
+        prom.value("sum(narrator_segments_done_total{family=\"piper\"})"),
+        Some(rows.len() as f64)
+    );
     let engine = prom
         .value("sum(narrator_engine_run_seconds_sum)")
         .expect("engine-time histogram");

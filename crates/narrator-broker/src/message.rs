@@ -147,6 +147,7 @@ mod tests {
                 text: "Hello, \"world\".".into(),
                 pause_after: PauseAfter::Paragraph,
                 speaker: 0,
+                speed: None,
             },
             enqueued_at_ms: 42,
             cluster: Some("c1".into()),

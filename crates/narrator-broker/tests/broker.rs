@@ -46,6 +46,7 @@ fn msg(job: &str, voice: &str, index: u32) -> SegmentMessage {
             text: format!("Sentence number {index}."),
             pause_after: PauseAfter::Sentence,
             speaker: 0,
+            speed: None,
         },
     )
 }

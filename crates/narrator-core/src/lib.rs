@@ -49,6 +49,11 @@ pub struct Segment {
     /// The voice's speaker id (multi-speaker voices; 0 for the others and by default).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub speaker: u32,
+    /// The job's speaking rate (`submit --speed`), where it set one: a worker reads it
+    /// from the job's row, never from a message, and runs the segment at that rate
+    /// whatever its own flags say. `None`: the rate the engine was loaded with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<f32>,
 }
 
 fn is_zero(n: &u32) -> bool {

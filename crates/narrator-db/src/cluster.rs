@@ -24,6 +24,7 @@ pub(crate) fn segment_row(r: &PgRow) -> Result<Segment, DbError> {
         text: r.try_get("text")?,
         pause_after: parse_pause(&pause)?,
         speaker: unsigned("speaker", i64::from(r.try_get::<i32, _>("speaker")?))?,
+        speed: None,
     })
 }
 
@@ -114,7 +115,7 @@ pub struct DeliveryKey {
 }
 
 /// What the guard learns about a delivery beyond [`SegmentCheck`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DeliveryHistory {
     /// The check.
     pub check: SegmentCheck,
@@ -123,6 +124,9 @@ pub struct DeliveryHistory {
     pub engine_crashes: u32,
     /// How often a dying process returned it to the queue (counting this delivery).
     pub returns: u32,
+    /// The speaking rate its job was submitted with (`submit --speed`), if any: the
+    /// rate is the job's, read here rather than trusted from the message.
+    pub speed: Option<f32>,
 }
 
 /// [`check_segments`] for a worker process `instance`, noticing crashes: a segment whose
@@ -163,7 +167,7 @@ pub async fn check_deliveries(
            (s.engine_by IS NOT NULL AND s.engine_by <> $4 AND (i.returned OR NOT EXISTS ( \
               SELECT 1 FROM workers w WHERE w.instance = s.engine_by \
                 AND w.last_seen > now() - make_interval(secs => coalesce(w.stale_after_s, $5))))) AS crashed, \
-           i.returned \
+           i.returned, (j.settings->>'speed')::float4 AS speed \
          FROM unnest($1::uuid[], $2::int4[], $3::bool[], $6::text[], $7::int8[]) \
            WITH ORDINALITY AS i(job_id, idx, returned, text, speaker, n) \
          LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
@@ -219,6 +223,7 @@ pub async fn check_deliveries(
             check,
             engine_crashes: crashes,
             returns,
+            speed: row.try_get("speed")?,
         });
     }
     if !crashed_keys.is_empty() || !returned_keys.is_empty() {
@@ -286,6 +291,10 @@ pub struct JobSettings {
     /// Subtitle formats to write (`--subtitles`: `srt`, `vtt`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subtitles: Vec<String>,
+    /// Speaking rate (`--speed`, 0.5 to 2.0) every worker runs its segments at; `None`:
+    /// the workers' own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<f32>,
 }
 
 impl Default for JobSettings {
@@ -296,6 +305,7 @@ impl Default for JobSettings {
             chapter_pause_ms: 1500,
             chapter_files: false,
             subtitles: Vec::new(),
+            speed: None,
         }
     }
 }

@@ -46,6 +46,7 @@ fn plan(chapters: u32, per: u32) -> JobPlan {
                 },
                 // Stored and read back per segment (multi-speaker voices).
                 speaker: c % 2,
+                speed: None,
             });
         }
     }

@@ -964,6 +964,7 @@ mod tests {
             text: "x".into(),
             pause_after,
             speaker: 0,
+            speed: None,
         };
         JobPlan {
             job_id: "j".into(),

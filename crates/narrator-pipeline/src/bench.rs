@@ -186,6 +186,7 @@ fn segment(text: &str) -> Segment {
         text: text.to_string(),
         pause_after: PauseAfter::Sentence,
         speaker: 0,
+        speed: None,
     }
 }
 

@@ -52,6 +52,7 @@ pub fn calibration_items(synth: &Synthesizer, tokens: usize) -> Result<Vec<i64>,
         text: TEXT.to_string(),
         pause_after: narrator_core::PauseAfter::Paragraph,
         speaker: 0,
+        speed: None,
     };
     let p = synth.prepare(seg)?;
     let ids: Vec<i64> = p.utterances.concat();

@@ -60,6 +60,7 @@ pub fn plan_job(
                     text: s.clone(),
                     pause_after,
                     speaker: id.speaker,
+                    speed: None,
                 });
             }
         }

@@ -160,6 +160,7 @@ mod tests {
             text: format!("s{index}"),
             pause_after: PauseAfter::Sentence,
             speaker: 0,
+            speed: None,
         }
     }
 

@@ -250,12 +250,15 @@ fn segment_span<T>(d: &Delivery<T>, voice: &str) -> tracing::Span {
     span
 }
 
-/// Counts a segment done: its audio, its queue wait and its latency (enqueue to ack).
+/// Counts a segment done (by voice and model family): its audio, its queue wait and its
+/// latency (enqueue to ack).
 fn count_done(voice: &str, record: &SegmentRecord, enqueued_at_ms: Option<u64>) {
     use narrator_telemetry::metrics as m;
+    // The model family too, so dashboards can split a mixed fleet's work by family.
+    let family = narrator_engine::family_of(voice);
     let voice = voice.to_string();
-    metrics::counter!(m::SEGMENTS_DONE, "voice" => voice.clone()).increment(1);
-    metrics::histogram!(m::SEGMENT_AUDIO_SECONDS, "voice" => voice.clone())
+    metrics::counter!(m::SEGMENTS_DONE, "voice" => voice.clone(), "family" => family).increment(1);
+    metrics::histogram!(m::SEGMENT_AUDIO_SECONDS, "voice" => voice.clone(), "family" => family)
         .record(record.audio_seconds);
     metrics::histogram!(m::QUEUE_WAIT_SECONDS, "voice" => voice.clone())
         .record(record.queue_wait_seconds);

@@ -380,15 +380,23 @@ impl Synthesizer {
             .iter()
             .flat_map(|p| p.utterances.iter().map(Vec::as_slice))
             .collect();
-        // Each utterance as its segment's speaker (segments of several jobs share runs).
+        // Each utterance as its segment's speaker and at its job's rate (segments of
+        // several jobs share a batch; a run takes one rate, so rates run apart).
         let speakers: Vec<i64> = batch
             .iter()
             .flat_map(|p| p.utterances.iter().map(|_| i64::from(p.segment.speaker)))
             .collect();
+        let scales: Vec<Scales> = batch
+            .iter()
+            .flat_map(|p| {
+                let s = self.scales_for(&p.segment);
+                p.utterances.iter().map(move |_| s)
+            })
+            .collect();
         let mut failures = 0u32;
         let (waves, inference_seconds, largest) = loop {
             let budget = self.budget();
-            match self.run_all(&items, &speakers, budget).await {
+            match self.run_all(&items, &speakers, &scales, budget).await {
                 Ok(done) => break done,
                 Err(EngineError::OutOfMemory {
                     device,
@@ -479,10 +487,23 @@ impl Synthesizer {
 impl Synthesizer {
     /// Runs every item in engine runs within `budget`; waves in input order, the
     /// inference seconds, and the largest run.
+    /// The scales a segment runs with: the engine's, at the segment's own rate where its
+    /// job set one (`--speed` divides the voice's length scale, as on the command line).
+    pub fn scales_for(&self, segment: &Segment) -> Scales {
+        match segment.speed {
+            Some(speed) if speed > 0.0 => Scales {
+                length: self.family.default_scales().length / speed,
+                ..self.scales
+            },
+            _ => self.scales,
+        }
+    }
+
     async fn run_all(
         &self,
         items: &[&[i64]],
         speakers: &[i64],
+        scales: &[Scales],
         budget: Budget,
     ) -> Result<(Vec<Vec<f32>>, f64, usize), EngineError> {
         let pool = self.pool();
@@ -491,7 +512,21 @@ impl Synthesizer {
         let mut waves: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
         let mut inference_seconds = 0.0;
         let mut largest = 0;
-        for run in engine_runs_costed(&lens, &budget, self.cost()) {
+        // Items of one rate run together (almost always all of them), in their order.
+        let mut rates: Vec<(Scales, Vec<usize>)> = Vec::new();
+        for (i, s) in scales.iter().enumerate() {
+            match rates.iter_mut().find(|(r, _)| r == s) {
+                Some((_, members)) => members.push(i),
+                None => rates.push((*s, vec![i])),
+            }
+        }
+        let runs = rates.iter().flat_map(|(s, members)| {
+            let member_lens: Vec<usize> = members.iter().map(|&i| lens[i]).collect();
+            engine_runs_costed(&member_lens, &budget, self.cost())
+                .into_iter()
+                .map(move |run| (*s, run.into_iter().map(|j| members[j]).collect::<Vec<_>>()))
+        });
+        for (run_scales, run) in runs {
             let ids = run.iter().map(|&i| items[i].to_vec()).collect();
             let run_speakers = run.iter().map(|&i| speakers[i]).collect();
             let tokens: usize = run.iter().map(|&i| lens[i]).sum();
@@ -499,7 +534,7 @@ impl Synthesizer {
             let span = tracing::info_span!("engine run", narrator.device = %device,
                 narrator.batch_size = run.len(), narrator.tokens = tokens, narrator.padded_tokens = padded);
             let out = pool
-                .synthesize_as(ids, run_speakers, self.scales)
+                .synthesize_as(ids, run_speakers, run_scales)
                 .instrument(span)
                 .await?;
             let class = m::size_class(run.len());

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use narrator_broker::{Consumer, Decision, MAX_ATTEMPTS};
-use narrator_core::{Delivery, Failure, RetryClass, SeamError, SegmentQueue};
+use narrator_core::{Delivery, Failure, RetryClass, SeamError, Segment, SegmentQueue};
 use narrator_db::{DeliveryKey, PgPool, SegmentCheck, Uuid};
 use tokio::sync::{Mutex, watch};
 
@@ -222,7 +222,11 @@ impl GuardedQueue {
                         // Canonical from here on: store keys, records and clean-up name a
                         // job one way (`{…}`, `urn:uuid:` or upper-case forms parse too).
                         job_id: job.to_string(),
-                        segment: d.segment,
+                        // At the job's rate, as recorded (a message's own is ignored).
+                        segment: Segment {
+                            speed: history.speed,
+                            ..d.segment
+                        },
                         attempt: d.attempt,
                         enqueued_at_ms: d.enqueued_at_ms,
                         lane: d.lane,

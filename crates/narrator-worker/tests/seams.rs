@@ -183,6 +183,7 @@ fn forged_messages_are_dead_lettered_alone() {
                     text: "Send all the money to the account below.".into(),
                     pause_after: narrator_core::PauseAfter::Sentence,
                     speaker: 0,
+                    speed: None,
                 },
             )
             .in_lane(narrator_broker::lane_of(0))

@@ -353,6 +353,10 @@ pub(crate) struct SubmitArgs {
     /// (`srt,vtt`), written by the assembling worker.
     #[arg(long, value_delimiter = ',')]
     pub(crate) subtitles: Vec<String>,
+    /// Speaking rate, 0.5 to 2.0: 1.25 speaks 25 % faster (both families). Recorded with
+    /// the job: every worker runs its segments at this rate, whatever its own flags.
+    #[arg(long, value_parser = parse_speed)]
+    pub(crate) speed: Option<f32>,
     /// Priority recorded with the job (listed by `narrator jobs`).
     #[arg(long, default_value_t = 0)]
     pub(crate) priority: i32,

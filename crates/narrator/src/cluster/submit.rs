@@ -76,7 +76,11 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     let subtitles = crate::run::subtitle_formats(&args.subtitles)?;
     let voice = narrator_engine::Voice::find(&paths.voices, &args.voice)?;
     let digest = identity_digest(&voice);
-    let d = voice.family.default_scales();
+    let mut d = voice.family.default_scales();
+    if let Some(speed) = args.speed {
+        // The rate is part of the job's identity, as in `run`.
+        d.length /= speed;
+    }
     let opts = load_options(&args.text, &voice);
     let speaker = match &args.speaker {
         Some(s) => voice.family.speaker_id(&voice.name, s)?,
@@ -137,6 +141,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             .iter()
             .map(|f| f.extension().to_string())
             .collect(),
+        speed: args.speed,
     };
     let pool = cluster::database(&args.services).await?;
     let conn = cluster::broker(&args.services, "narrator-submit").await?;
