@@ -917,3 +917,48 @@ fn each_job_runs_at_its_own_submitted_speed_on_a_worker_that_batches_them_togeth
     });
     assert_eq!(settings["speed"].as_f64(), Some(1.5), "{settings}");
 }
+
+#[test]
+fn a_book_made_by_workers_is_timed_like_the_same_book_made_by_run() {
+    // Deterministic durations (noise 0) on both sides: the same text and voice must give
+    // the same sentences at the same samples, whoever made them and however batched.
+    let deterministic = ["--noise-w", "0", "--noise-scale", "0"];
+    let mut w = World::new();
+    let book = w.book("timed.md", &book_text(2, 4, None));
+    let embedded = w.tmp.path().join("embedded");
+    let o = std::process::Command::new(narrator_test_support::narrator_bin())
+        .arg("run")
+        .arg(&book)
+        .arg("--out")
+        .arg(&embedded)
+        .args(["--format", "wav", "--subtitles", "srt"])
+        .args(deterministic)
+        .output()
+        .expect("spawn narrator run");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let local: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(embedded.join("timings.json")).expect("timings"))
+            .expect("json");
+
+    let mut args = vec!["--max-batch", "4"];
+    args.extend(deterministic);
+    w.worker("t1", &args, &[]);
+    w.worker("t2", &deterministic, &[]);
+    let job = w.submit(&book, &["--format", "wav", "--subtitles", "srt"]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(240));
+    let st = w.status(job);
+    let remote: serde_json::Value =
+        serde_json::from_slice(&w.s3_get(&output_key(&st, "timings"))).expect("timings.json");
+    assert_eq!(local["sample_rate"], remote["sample_rate"]);
+    let (a, b) = (
+        local["sentences"].as_array().expect("sentences"),
+        remote["sentences"].as_array().expect("sentences"),
+    );
+    assert_eq!(a.len(), b.len());
+    assert!(a.len() >= 8, "{local}");
+    for (x, y) in a.iter().zip(b) {
+        for k in ["index", "chapter", "text", "start_sample", "end_sample"] {
+            assert_eq!(x[k], y[k], "{k}: embedded {x} vs distributed {y}");
+        }
+    }
+}
