@@ -670,6 +670,17 @@ impl KokoroEngine {
     }
 }
 
+/// Samples of the fade-in where a run's leading boundary silence is cut (2 ms).
+const FADE_IN_SAMPLES: usize = 48;
+
+/// Ramps the first `n` samples of `wave` up from silence.
+fn fade_in(wave: &mut [f32], n: usize) {
+    let n = n.min(wave.len());
+    for (i, x) in wave.iter_mut().take(n).enumerate() {
+        *x *= i as f32 / n as f32;
+    }
+}
+
 /// Groups items (by id count) into packed runs: in order, each run's ids plus one
 /// separator between items within `max_ids`; an item over it alone runs alone.
 pub fn pack(lens: &[usize], max_ids: usize) -> Vec<std::ops::Range<usize>> {
@@ -741,30 +752,34 @@ impl Backend for KokoroEngine {
         let mut audio = Vec::with_capacity(items.len());
         for run in runs {
             let members = &items[run.clone()];
-            if let [one] = members {
-                audio.push(self.run(&one[..one.len().min(MAX_RUN_IDS)], speed)?.audio);
-                continue;
-            }
             let mut ids = Vec::with_capacity(MAX_RUN_IDS);
             for (k, it) in members.iter().enumerate() {
                 if k > 0 {
                     ids.push(self.space);
                 }
-                ids.extend_from_slice(it);
+                ids.extend_from_slice(&it[..it.len().min(MAX_RUN_IDS)]);
             }
             let out = self.run(&ids, speed)?;
-            let frames = out.frames.unwrap_or_default();
-            let total_frames: f32 = frames.iter().map(|f| f.max(1.0)).sum();
-            let hop = if total_frames > 0.0 {
-                (out.audio.len() as f32 / total_frames).round() as usize
-            } else {
-                0
+            let Some(frames) = out.frames.filter(|f| !f.is_empty()) else {
+                // No durations (an install without them): the run's audio as it is.
+                audio.push(out.audio);
+                continue;
             };
+            let total_frames: f32 = frames.iter().map(|f| f.max(1.0)).sum();
+            let hop = (out.audio.len() as f32 / total_frames).round() as usize;
             let ends = cut_points(&lens[run], &frames, hop);
-            let mut from = 0;
-            for end in ends {
+            // The leading boundary token is the model's own silence before the first
+            // word (~15 frames, 0.375 s): cut, so that each item starts at its first
+            // phoneme (its timings start where the speech does, and the pause flags alone
+            // set the gap before it), with a short fade-in against a click.
+            let mut from = (frames[0].max(1.0) as usize * hop).min(out.audio.len());
+            for (k, end) in ends.into_iter().enumerate() {
                 let end = end.min(out.audio.len());
-                audio.push(out.audio[from.min(end)..end].to_vec());
+                let mut item = out.audio[from.min(end)..end].to_vec();
+                if k == 0 {
+                    fade_in(&mut item, FADE_IN_SAMPLES);
+                }
+                audio.push(item);
                 from = end;
             }
         }

@@ -385,3 +385,29 @@ fn the_fp32_graph_speaks_like_the_int8_one() {
     let db = 20.0 * (rms(&fp32) / rms(&int8)).log10();
     assert!(db.abs() < 2.0, "fp32 is {db:.2} dB from int8");
 }
+
+#[test]
+fn each_item_starts_at_its_first_phoneme_not_at_the_models_lead_silence() {
+    let v = voice("af_heart");
+    let mut engine = session(&v);
+    let items = utterances(&v, "Curiouser and curiouser! Down, down, down.");
+    let refs: Vec<&[i64]> = items.iter().map(Vec::as_slice).collect();
+    for (k, it) in refs.iter().enumerate() {
+        let wave = engine
+            .synthesize(&[it], NORMAL)
+            .expect("single")
+            .audio
+            .remove(0);
+        let loud = rms(&wave);
+        // The model spends ~15 frames (375 ms) of near silence on its leading boundary
+        // token; with it cut, speech is under way within the first 100 ms.
+        let onset = rms(&wave[..4 * HOP]);
+        assert!(
+            onset > 0.1 * loud,
+            "item {k}: first 100 ms rms {onset} of {loud}: still the lead silence"
+        );
+        // Whole frames still, and the fade-in starts from silence.
+        assert_eq!(wave.len() % HOP, 0);
+        assert_eq!(wave[0], 0.0);
+    }
+}
