@@ -750,6 +750,7 @@ impl Backend for KokoroEngine {
             (0..items.len()).map(|i| i..i + 1).collect()
         };
         let mut audio = Vec::with_capacity(items.len());
+        let mut token_samples = Vec::with_capacity(items.len());
         for run in runs {
             let members = &items[run.clone()];
             let mut ids = Vec::with_capacity(MAX_RUN_IDS);
@@ -763,16 +764,20 @@ impl Backend for KokoroEngine {
             let Some(frames) = out.frames.filter(|f| !f.is_empty()) else {
                 // No durations (an install without them): the run's audio as it is.
                 audio.push(out.audio);
+                token_samples.push(Vec::new());
                 continue;
             };
             let total_frames: f32 = frames.iter().map(|f| f.max(1.0)).sum();
             let hop = (out.audio.len() as f32 / total_frames).round() as usize;
-            let ends = cut_points(&lens[run], &frames, hop);
+            let ends = cut_points(&lens[run.clone()], &frames, hop);
             // The leading boundary token is the model's own silence before the first
             // word (~15 frames, 0.375 s): cut, so that each item starts at its first
             // phoneme (its timings start where the speech does, and the pause flags alone
             // set the gap before it), with a short fade-in against a click.
             let mut from = (frames[0].max(1.0) as usize * hop).min(out.audio.len());
+            // Item k's ids are tokens 1 + Σ(len + 1) of those before it (the leading zero,
+            // then each item and its separator).
+            let mut first_token = 1;
             for (k, end) in ends.into_iter().enumerate() {
                 let end = end.min(out.audio.len());
                 let mut item = out.audio[from.min(end)..end].to_vec();
@@ -781,11 +786,22 @@ impl Backend for KokoroEngine {
                 }
                 audio.push(item);
                 from = end;
+                let len = lens[run.start + k];
+                token_samples.push(
+                    frames
+                        .iter()
+                        .skip(first_token)
+                        .take(len)
+                        .map(|f| (f.max(1.0) as usize * hop) as u32)
+                        .collect(),
+                );
+                first_token += len + 1;
             }
         }
         Ok(BatchOutput {
             audio,
             inference_seconds: started.elapsed().as_secs_f64(),
+            token_samples,
         })
     }
 }

@@ -98,6 +98,24 @@ pub struct BatchOutput {
     pub audio: Vec<Vec<f32>>,
     /// Wall time of the model run.
     pub inference_seconds: f64,
+    /// Per item, the samples each of its ids lasts in that item's audio, from the
+    /// model's own durations (one entry per id, in order; the item's audio starts at its
+    /// first id, and what follows its last id is the model's pause): what word and
+    /// sentence timings are made from. Empty for an item whose durations are unknown (a
+    /// graph without the durations output).
+    pub token_samples: Vec<Vec<u32>>,
+}
+
+impl BatchOutput {
+    /// An output of `audio` whose durations are unknown.
+    pub fn untimed(audio: Vec<Vec<f32>>, inference_seconds: f64) -> Self {
+        let token_samples = vec![Vec::new(); audio.len()];
+        Self {
+            audio,
+            inference_seconds,
+            token_samples,
+        }
+    }
 }
 
 /// Padded cost of a batch: longest item × items (what the engine allocates for).

@@ -30,6 +30,7 @@ impl Backend for NullBackend {
         Ok(BatchOutput {
             audio: items.iter().map(|i| vec![0.0; i.len() * per]).collect(),
             inference_seconds: 0.0,
+            token_samples: items.iter().map(|i| vec![per as u32; i.len()]).collect(),
         })
     }
 

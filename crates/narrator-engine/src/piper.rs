@@ -334,10 +334,7 @@ impl Backend for PiperEngine {
             return Err(EngineError::Stopped);
         }
         if items.is_empty() {
-            return Ok(BatchOutput {
-                audio: Vec::new(),
-                inference_seconds: 0.0,
-            });
+            return Ok(BatchOutput::untimed(Vec::new(), 0.0));
         }
         if items.len() > 1 && !self.has_frames {
             let mut audio = Vec::with_capacity(items.len());
@@ -347,10 +344,7 @@ impl Backend for PiperEngine {
                 secs += out.inference_seconds;
                 audio.extend(out.audio);
             }
-            return Ok(BatchOutput {
-                audio,
-                inference_seconds: secs,
-            });
+            return Ok(BatchOutput::untimed(audio, secs));
         }
         if let Some(i) = items.iter().position(|it| it.is_empty()) {
             return Err(EngineError::EmptyItem { index: i });
@@ -397,38 +391,48 @@ impl Backend for PiperEngine {
             .try_extract_tensor::<f32>()
             .map_err(ort_err("reading the audio output"))?;
         let total = *shape.last().unwrap_or(&0) as usize;
-        let audio = if self.has_frames {
-            let (fshape, frames) = outputs[FRAMES_TENSOR]
-                .try_extract_tensor::<f32>()
-                .map_err(ort_err("reading the frame counts"))?;
-            let p = *fshape.last().unwrap_or(&0) as usize;
-            let per_item: Vec<f64> = (0..b)
-                .map(|i| {
-                    frames[i * p..(i + 1) * p]
-                        .iter()
-                        .map(|&f| f64::from(f))
-                        .sum()
-                })
-                .collect();
-            let max_frames = per_item.iter().cloned().fold(0.0, f64::max);
-            // Samples per frame (the vocoder's hop length), as the padded output shows it.
-            let hop = if max_frames > 0.0 {
-                (total as f64 / max_frames).round()
-            } else {
-                0.0
-            };
-            (0..b)
-                .map(|i| {
-                    let n = ((per_item[i] * hop) as usize).min(total);
-                    wave[i * total..i * total + n].to_vec()
-                })
-                .collect()
+        let inference_seconds = started.elapsed().as_secs_f64();
+        if !self.has_frames {
+            return Ok(BatchOutput::untimed(
+                vec![wave[..total].to_vec()],
+                inference_seconds,
+            ));
+        }
+        let (fshape, frames) = outputs[FRAMES_TENSOR]
+            .try_extract_tensor::<f32>()
+            .map_err(ort_err("reading the frame counts"))?;
+        let p = *fshape.last().unwrap_or(&0) as usize;
+        let item_frames = |i: usize| &frames[i * p..(i + 1) * p];
+        let per_item: Vec<f64> = (0..b)
+            .map(|i| item_frames(i).iter().map(|&f| f64::from(f)).sum())
+            .collect();
+        let max_frames = per_item.iter().cloned().fold(0.0, f64::max);
+        // Samples per frame (the vocoder's hop length), as the padded output shows it.
+        let hop = if max_frames > 0.0 {
+            (total as f64 / max_frames).round()
         } else {
-            vec![wave[..total].to_vec()]
+            0.0
         };
+        let audio = (0..b)
+            .map(|i| {
+                let n = ((per_item[i] * hop) as usize).min(total);
+                wave[i * total..i * total + n].to_vec()
+            })
+            .collect();
+        // Each id's frames (whole numbers: VITS rounds them up) times the hop; padding
+        // positions past the item's own ids are 0.
+        let token_samples = (0..b)
+            .map(|i| {
+                item_frames(i)[..items[i].len().min(p)]
+                    .iter()
+                    .map(|&f| (f64::from(f) * hop) as u32)
+                    .collect()
+            })
+            .collect();
         Ok(BatchOutput {
             audio,
-            inference_seconds: started.elapsed().as_secs_f64(),
+            inference_seconds,
+            token_samples,
         })
     }
 }

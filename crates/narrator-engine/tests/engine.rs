@@ -151,3 +151,33 @@ fn a_missing_runtime_is_a_clear_error() {
     .expect_err("missing");
     assert!(e.to_string().contains("ops/setup.sh"), "{e}");
 }
+
+#[test]
+fn every_ids_duration_adds_up_to_its_items_audio_in_a_padded_batch() {
+    let (voice, mut engine) = engine();
+    let items: Vec<Vec<i64>> = ["hɛloʊ.", "ðə kwɪk bɹaʊn fɑks dʒʌmps oʊvɚ ðə leɪzi dɑɡ."]
+        .iter()
+        .map(|t| ids(&voice, t))
+        .collect();
+    let refs: Vec<&[i64]> = items.iter().map(Vec::as_slice).collect();
+    for scales in [
+        Scales::DETERMINISTIC,
+        Scales {
+            length: 1.5,
+            ..Scales::DETERMINISTIC
+        },
+    ] {
+        let out = engine.synthesize(&refs, scales).expect("batch");
+        for (i, item) in items.iter().enumerate() {
+            let t = &out.token_samples[i];
+            assert_eq!(t.len(), item.len(), "one duration per id");
+            // Whole frames of 256 samples (the vocoder's hop), summing to the audio
+            // exactly: the timings are in step with the samples.
+            assert!(t.iter().all(|&n| n % 256 == 0), "{t:?}");
+            let sum: u64 = t.iter().map(|&n| u64::from(n)).sum();
+            assert_eq!(sum, out.audio[i].len() as u64, "item {i} at {scales:?}");
+            // Every phoneme is spoken (VITS gives each real id at least one frame).
+            assert!(t.iter().all(|&n| n > 0), "{t:?}");
+        }
+    }
+}

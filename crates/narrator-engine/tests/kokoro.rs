@@ -411,3 +411,34 @@ fn each_item_starts_at_its_first_phoneme_not_at_the_models_lead_silence() {
         assert_eq!(wave[0], 0.0);
     }
 }
+
+#[test]
+fn every_ids_duration_falls_in_its_items_audio_single_and_packed() {
+    let v = voice("af_heart");
+    let mut engine = session(&v);
+    let items = utterances(&v, "The rabbit looked at its watch. Then it hurried on!");
+    let refs: Vec<&[i64]> = items.iter().map(Vec::as_slice).collect();
+    let packed = engine.synthesize(&refs, NORMAL).expect("packed");
+    for (k, it) in refs.iter().enumerate() {
+        let single = engine.synthesize(&[it], NORMAL).expect("single");
+        for (how, t, audio) in [
+            ("single", &single.token_samples[0], &single.audio[0]),
+            ("packed", &packed.token_samples[k], &packed.audio[k]),
+        ] {
+            assert_eq!(t.len(), it.len(), "{how} {k}: one duration per id");
+            assert!(
+                t.iter().all(|&n| n > 0 && (n as usize).is_multiple_of(HOP)),
+                "{t:?}"
+            );
+            // The ids start the item's audio (its lead silence cut); what is left after
+            // the last id is the model's pause (the separator or the trailing token).
+            let spoken: usize = t.iter().map(|&n| n as usize).sum();
+            let rest = audio.len() - spoken;
+            assert!(
+                rest.is_multiple_of(HOP) && rest <= 40 * HOP,
+                "{how} {k}: {spoken} samples of ids in {} of audio",
+                audio.len()
+            );
+        }
+    }
+}

@@ -451,10 +451,8 @@ impl Synthesizer {
             s.busy_seconds += inference_seconds;
             s.batches += 1;
         });
-        let out = narrator_engine::BatchOutput {
-            audio: waves,
-            inference_seconds,
-        };
+        // Token durations are not carried past the engine yet (word timings: issue 30).
+        let out = narrator_engine::BatchOutput::untimed(waves, inference_seconds);
         let total_ids: usize = batch.iter().map(Prepared::total_ids).sum::<usize>().max(1);
         let n = largest as u32;
         let mut audio_iter = out.audio.into_iter();
