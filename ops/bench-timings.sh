@@ -3,8 +3,8 @@
 # (the first WORDS words of chapter III of Alice, shared corpus; no timing choice was
 # tuned on it) with `--subtitles srt`, then PocketSphinx (PyPI; the one recogniser whose
 # model reaches this machine) hears the book file, and every sentence whose first word it
-# heard is compared with timings.json: median and 95th percentile of |heard start -
-# timings start|. Goal: median < 0.1 s, p95 < 0.3 s. PocketSphinx's own word starts are
+# heard is compared with timings.json, and so is every word (timings.json's words, from
+# the model's durations): median and 95th percentile of |heard start - timings start|. Goal: median < 0.1 s, p95 < 0.3 s. PocketSphinx's own word starts are
 # only as good as its 10 ms frames and its acoustic model: read the spread, not one value.
 #
 #   bash ops/bench-timings.sh [--words N] [--voice NAME]...   (default: en_US-joe-medium)

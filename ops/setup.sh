@@ -107,8 +107,8 @@ die() {
 ((WITH_GPU)) && APT_PACKAGES+=(zstd binutils)
 # --kokoro: npm packs the Kokoro voices (kokoro-js).
 ((WITH_KOKORO)) && ! command -v npm >/dev/null && APT_PACKAGES+=(npm)
-# --test: ffprobe reads the M4B files back.
-((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg)
+# --test: ffprobe reads the M4B files back; EPUBCheck (Java) checks the read-along EPUBs.
+((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg epubcheck)
 # --with-piper: the reference Piper's virtual environment.
 ((WITH_PIPER)) && APT_PACKAGES+=(python3-venv)
 missing=()

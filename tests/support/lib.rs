@@ -32,6 +32,22 @@ pub const VOICE: &str = "en_US-joe-medium";
 /// the worker (heartbeats, leases) must not starve.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// With `NARRATOR_TEST_LOG` set (a tracing filter, e.g. `narrator_worker=debug`), what the
+/// libraries running inside a test process log goes to stderr, with times: what to read
+/// when an in-process test (a worker through its seams) fails.
+fn log_in_process() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let Ok(filter) = std::env::var("NARRATOR_TEST_LOG") else {
+        return;
+    };
+    ONCE.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    });
+}
+
 /// The repository root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -204,6 +220,7 @@ impl World {
     /// The same on other servers (a private Postgres or RabbitMQ node of a fault test).
     pub fn on(services: Services) -> Self {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        log_in_process();
         assert!(
             std::env::var("NARRATOR_S3_ENDPOINT").is_ok(),
             "NARRATOR_S3_ENDPOINT is not set: run `bash ops/s3-server.sh start` and \
@@ -1090,6 +1107,15 @@ impl PrivateS3 {
 
     /// Starts it (again), on the same data.
     pub fn up(&mut self) {
+        // Another process on the port (a server a killed test run left behind) would
+        // answer in its place, and freezing this one would freeze nothing.
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err(),
+            "port {} is taken: stop the process listening there (an s3s-fs a killed test \
+             run left behind: `pkill -f 's3s-fs.*--port {}'`)",
+            self.port,
+            self.port
+        );
         let bin = root().join(".deps/s3/s3s-fs/bin/s3s-fs");
         let child = Command::new(&bin)
             .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])

@@ -138,3 +138,31 @@ fn hexdump_text(dump: &str) -> String {
     }
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+/// Runs EPUBCheck (Debian's `epubcheck`, installed by `ops/setup.sh --test`) on `path`
+/// and returns its report; fails the test unless it found no error and no fatal.
+pub fn epubcheck(path: &Path) -> String {
+    // Debian's /usr/bin/epubcheck is the jar itself, run through binfmt (jarwrapper),
+    // which a container may not have: run the jar with java.
+    let jar = Path::new("/usr/share/java/epubcheck.jar");
+    assert!(
+        jar.is_file(),
+        "EPUBCheck missing: run `bash ops/setup.sh --test` (Debian's epubcheck)"
+    );
+    let out = Command::new("java")
+        .arg("-jar")
+        .arg(jar)
+        .arg(path)
+        .output()
+        .expect("java (Debian's default-jre, an epubcheck dependency)");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && report.contains("0 fatals / 0 errors"),
+        "EPUBCheck: {report}"
+    );
+    report
+}

@@ -223,6 +223,31 @@ pub struct SegmentRecord {
     /// `None`: under the segment's own key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packed: Option<PackedAt>,
+    /// Where each word of its text is spoken in its audio, from the model's durations
+    /// (empty where the voice's graph gives none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub words: Vec<WordTiming>,
+}
+
+/// One word's speech inside its segment's audio: the word as a byte range of the
+/// segment's text, and its samples from the segment's first sample (start, and the sample
+/// after its last). Words are the text's whitespace-separated tokens that were spoken
+/// (a token said with no sound of its own, espeak-ng's "of" in "out of", is part of the
+/// word before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WordTiming {
+    /// Byte range in the segment's text: `[start, end)`.
+    pub text: [u32; 2],
+    /// Sample range in the segment's audio: `[start, end)`.
+    pub samples: [u32; 2],
+}
+
+impl WordTiming {
+    /// The word in `text` (the segment's); empty if the range does not fit it.
+    pub fn word<'a>(&self, text: &'a str) -> &'a str {
+        text.get(self.text[0] as usize..self.text[1] as usize)
+            .unwrap_or("")
+    }
 }
 
 /// A segment's place inside a pack: one stored object holding the audio of several

@@ -25,6 +25,10 @@ pub struct BookEntry {
     /// speech in the book file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<String>,
+    /// The read-along EPUB 3 (`--format epub3`): the text, one MP3 per chapter and Media
+    /// Overlays pairing each sentence with its audio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epub: Option<String>,
 }
 
 /// The cover embedded in the book's audio files.

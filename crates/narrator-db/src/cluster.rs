@@ -295,6 +295,10 @@ pub struct JobSettings {
     /// the workers' own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speed: Option<f32>,
+    /// Also a read-along EPUB 3 (`--format epub3`; the format is then `mp3` with chapter
+    /// files, the EPUB's audio).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub epub3: bool,
 }
 
 impl Default for JobSettings {
@@ -306,6 +310,7 @@ impl Default for JobSettings {
             chapter_files: false,
             subtitles: Vec::new(),
             speed: None,
+            epub3: false,
         }
     }
 }
@@ -657,7 +662,9 @@ pub struct Rescue {
 /// last rescue are older than `lease`. Each is claimed by one caller for one lease; its
 /// pending segments are returned to be published again, except those already rescued
 /// `max_rescues` times, which are recorded failed (lost again and again: a message that
-/// kills every worker it reaches, dead-lettered by the broker without a record).
+/// kills every worker it reaches, dead-lettered by the broker without a record). With
+/// more such jobs than `limit`, those without progress for longest go first: a job
+/// behind a backlog has moved more recently than one whose message was lost.
 pub async fn rescue_stuck_jobs(
     pool: &PgPool,
     voices: &[String],
@@ -672,7 +679,8 @@ pub async fn rescue_stuck_jobs(
            SELECT id FROM jobs WHERE state IN ('queued', 'running') \
              AND segments_done < segments_total AND voice = ANY($1) \
              AND greatest(created_at, progress_at, rescued_at) < now() - make_interval(secs => $2) \
-           ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
+           ORDER BY greatest(created_at, progress_at, rescued_at) LIMIT $3 \
+           FOR UPDATE SKIP LOCKED) \
          RETURNING j.id, j.voice, j.priority",
     )
     .bind(voices)

@@ -101,6 +101,15 @@ pub async fn record_segments(
             .map(|r| r.packed.as_ref().map(|p| int8(what, f(p))).transpose())
             .collect::<Result<Vec<Option<i64>>, DbError>>()
     };
+    // Word timings as JSON text (a jsonb column; `NULL` where the engine gave none).
+    let words: Vec<Option<String>> = records
+        .iter()
+        .map(|r| {
+            (!r.words.is_empty())
+                .then(|| serde_json::to_string(&r.words).ok())
+                .flatten()
+        })
+        .collect();
     let pack_offset = pack_pos(|p| p.offset, "pack offset")?;
     let pack_len = pack_pos(|p| p.len, "pack length")?;
     let (audio, inference, wait) = (
@@ -114,10 +123,10 @@ pub async fn record_segments(
             "WITH input AS ( \
                SELECT * FROM unnest($2::int4[], $3::int8[], $4::int4[], $5::float8[], \
                  $6::float8[], $7::float8[], $8::int4[], $9::int4[], $10::text[], $11::int4[], \
-                 $12::text[], $13::int8[], $14::int8[]) \
+                 $12::text[], $13::int8[], $14::int8[], $15::text[]) \
                AS t(idx, samples, sample_rate, audio_seconds, inference_seconds, \
                  queue_wait_seconds, batch_size, attempts, worker, phoneme_ids, \
-                 pack_key, pack_offset, pack_len)), \
+                 pack_key, pack_offset, pack_len, words)), \
              seg AS ( \
                UPDATE segments s SET state = 'done', samples = i.samples, \
                  sample_rate = i.sample_rate, audio_seconds = i.audio_seconds, \
@@ -125,7 +134,7 @@ pub async fn record_segments(
                  queue_wait_seconds = i.queue_wait_seconds, batch_size = i.batch_size, \
                  attempts = i.attempts, worker = i.worker, phoneme_ids = i.phoneme_ids, \
                  pack_key = i.pack_key, pack_offset = i.pack_offset, pack_len = i.pack_len, \
-                 done_at = now(), failure_kind = NULL, failure_reason = NULL, engine_by = NULL \
+                 words = i.words::jsonb, done_at = now(), failure_kind = NULL, failure_reason = NULL, engine_by = NULL \
                FROM input i WHERE s.job_id = $1 AND s.idx = i.idx AND s.state <> 'done' \
                  AND (SELECT count(*) FROM segments k \
                       WHERE k.job_id = $1 AND k.idx = ANY($2)) = cardinality($2) \
@@ -161,7 +170,8 @@ pub async fn record_segments(
         .bind(&ids)
         .bind(&pack_key)
         .bind(&pack_offset)
-        .bind(&pack_len);
+        .bind(&pack_len)
+        .bind(&words);
         match q.fetch_one(pool).await {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(DEADLOCK) && tries < 3 => {
                 tries += 1;
@@ -247,6 +257,13 @@ fn record(row: &PgRow) -> Result<SegmentRecord, DbError> {
                 len: unsigned("pack_len", row.try_get("pack_len")?)?,
             }),
         },
+        words: match row.try_get::<Option<String>, _>("words")? {
+            None => Vec::new(),
+            Some(json) => serde_json::from_str(&json).map_err(|_| DbError::Corrupt {
+                column: "words",
+                value: json.chars().take(80).collect(),
+            })?,
+        },
     })
 }
 
@@ -258,7 +275,7 @@ pub async fn finished_segments(
     sqlx::query(
         "SELECT idx, samples, sample_rate, audio_seconds, inference_seconds, \
          queue_wait_seconds, batch_size, attempts, worker, phoneme_ids, \
-         pack_key, pack_offset, pack_len \
+         pack_key, pack_offset, pack_len, words::text AS words \
          FROM segments WHERE job_id = $1 AND state = 'done' ORDER BY idx",
     )
     .bind(job)

@@ -85,6 +85,7 @@ fn rec(index: u32, worker: &str) -> SegmentRecord {
         worker: worker.into(),
         phoneme_ids: 42,
         packed: None,
+        words: Vec::new(),
     }
 }
 
@@ -244,7 +245,21 @@ async fn a_group_of_records_is_one_statement_with_the_same_rules(pool: PgPool) {
     let job = create_job(&pool, &plan(1, 5), "wav", 0)
         .await
         .expect("create");
-    let group = [packed(3, "p/a", 0), packed(1, "p/a", 44_144), rec(2, "w1")];
+    // Segment 2 has its words timed: they come back as recorded (the jsonb column).
+    let timed = SegmentRecord {
+        words: vec![
+            narrator_core::WordTiming {
+                text: [0, 5],
+                samples: [1_536, 9_984],
+            },
+            narrator_core::WordTiming {
+                text: [6, 11],
+                samples: [10_240, 22_050],
+            },
+        ],
+        ..rec(2, "w1")
+    };
+    let group = [packed(3, "p/a", 0), packed(1, "p/a", 44_144), timed];
     let out = record_segments(&pool, job, &group).await.expect("record");
     assert_eq!((out.newly_done, out.job_complete), (3, false));
     assert_eq!(counters(&pool, job).await, (JobState::Running, 3, 3.0));

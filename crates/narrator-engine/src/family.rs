@@ -66,7 +66,17 @@ pub trait Family: Send + Sync + std::fmt::Debug {
     fn espeak_voice(&self) -> &str;
     /// Maps one utterance's phonemes to the ids one run takes, and lists the phonemes it
     /// has no id for (skipped). Empty ids: nothing to say.
-    fn phoneme_ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>);
+    fn phoneme_ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>) {
+        let (ids, unknown, _) = self.phoneme_ids_with_sources(phonemes);
+        (ids, unknown)
+    }
+    /// The same, with each id's phoneme: the index in `phonemes` it was made from, `None`
+    /// for ids the family adds (boundaries). Word timings follow these from the model's
+    /// per-id durations back to the words.
+    fn phoneme_ids_with_sources(
+        &self,
+        phonemes: &[String],
+    ) -> (Vec<i64>, Vec<String>, Vec<Option<usize>>);
     /// The inference scales it runs with by default.
     fn default_scales(&self) -> Scales;
     /// The speaker id for `given` (a name or a number), or why it has none such.

@@ -291,22 +291,33 @@ impl Vocab {
     /// The ids of `phonemes` (each symbol, or each character of a longer one), and the
     /// symbols it has no id for.
     pub fn ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>) {
+        let (ids, unknown, _) = self.ids_with_sources(phonemes);
+        (ids, unknown)
+    }
+
+    /// [`Vocab::ids`] with each id's index in `phonemes`.
+    pub fn ids_with_sources(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>, Vec<usize>) {
         let mut ids = Vec::with_capacity(phonemes.len());
+        let mut sources = Vec::with_capacity(phonemes.len());
         let mut unknown = Vec::new();
-        for p in phonemes {
+        for (i, p) in phonemes.iter().enumerate() {
             if let Some(&id) = self.0.get(p) {
                 ids.push(id);
+                sources.push(i);
                 continue;
             }
             for c in p.chars() {
                 let mut b = [0u8; 4];
                 match self.0.get(c.encode_utf8(&mut b) as &str) {
-                    Some(&id) => ids.push(id),
+                    Some(&id) => {
+                        ids.push(id);
+                        sources.push(i);
+                    }
                     None => unknown.push(c.to_string()),
                 }
             }
         }
-        (ids, unknown)
+        (ids, unknown, sources)
     }
 
     fn space(&self) -> i64 {
@@ -442,8 +453,11 @@ impl Family for KokoroVoice {
         self.espeak_voice
     }
 
-    fn phoneme_ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>) {
-        let (mut ids, unknown) = self.vocab.ids(phonemes);
+    fn phoneme_ids_with_sources(
+        &self,
+        phonemes: &[String],
+    ) -> (Vec<i64>, Vec<String>, Vec<Option<usize>>) {
+        let (mut ids, unknown, sources) = self.vocab.ids_with_sources(phonemes);
         // Nothing but spaces and punctuation: nothing to say.
         let space = self.vocab.space();
         while ids.last() == Some(&space) {
@@ -453,7 +467,8 @@ impl Family for KokoroVoice {
             ids.clear();
         }
         ids.truncate(MAX_RUN_IDS);
-        (ids, unknown)
+        let sources = sources.into_iter().take(ids.len()).map(Some).collect();
+        (ids, unknown, sources)
     }
 
     fn default_scales(&self) -> Scales {

@@ -330,13 +330,16 @@ impl Family for PiperVoice {
         &self.config.espeak_voice
     }
 
-    fn phoneme_ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>) {
-        let (ids, unknown) = self.ids.ids(phonemes);
+    fn phoneme_ids_with_sources(
+        &self,
+        phonemes: &[String],
+    ) -> (Vec<i64>, Vec<String>, Vec<Option<usize>>) {
+        let (ids, unknown, sources) = self.ids.ids_with_sources(phonemes);
         // BOS, PAD, EOS alone: nothing to say.
         if ids.len() > 3 {
-            (ids, unknown)
+            (ids, unknown, sources)
         } else {
-            (Vec::new(), unknown)
+            (Vec::new(), unknown, Vec::new())
         }
     }
 

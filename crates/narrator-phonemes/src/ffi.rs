@@ -8,7 +8,7 @@
 //! acquire, with the data directory given; asking for another directory later is an
 //! error (the library cannot be re-initialized safely).
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{CStr, CString, c_char, c_int, c_short, c_uint, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -28,6 +28,40 @@ pub(crate) const PHONEMES_IPA: c_int = 0x02;
 pub(crate) const PHONEMES_ASCII: c_int = 0x00;
 /// `EE_OK`.
 const EE_OK: c_int = 0;
+/// `espeakINITIALIZE_PHONEME_EVENTS`: synthesis reports every phoneme as an event.
+const INITIALIZE_PHONEME_EVENTS: c_int = 0x0001;
+/// `espeakINITIALIZE_PHONEME_IPA`: phoneme events carry IPA names.
+const INITIALIZE_PHONEME_IPA: c_int = 0x0002;
+/// `espeakEVENT_LIST_TERMINATED`, `espeakEVENT_WORD`, `espeakEVENT_PHONEME`.
+const EVENT_LIST_TERMINATED: c_int = 0;
+const EVENT_WORD: c_int = 1;
+const EVENT_PHONEME: c_int = 7;
+/// `POS_CHARACTER`.
+const POS_CHARACTER: c_int = 1;
+
+/// `espeak_EVENT` (speak_lib.h, 1.51).
+#[repr(C)]
+struct RawEvent {
+    kind: c_int,
+    unique_identifier: c_uint,
+    text_position: c_int,
+    length: c_int,
+    audio_position: c_int,
+    sample: c_int,
+    user_data: *mut c_void,
+    id: RawEventId,
+}
+
+/// The `id` union of `espeak_EVENT`.
+#[repr(C)]
+union RawEventId {
+    number: c_int,
+    name: *const c_char,
+    string: [c_char; 8],
+}
+
+type SynthCallback =
+    unsafe extern "C" fn(wav: *mut c_short, samples: c_int, events: *mut RawEvent) -> c_int;
 
 // Signatures from /usr/include/espeak-ng/speak_lib.h (1.51). The enum parameters are C
 // `int`s; `espeak_ERROR` is an `int`-sized enum.
@@ -45,6 +79,79 @@ unsafe extern "C" {
         phonememode: c_int,
     ) -> *const c_char;
     fn espeak_Info(path_data: *mut *const c_char) -> *const c_char;
+    fn espeak_SetSynthCallback(callback: SynthCallback);
+    fn espeak_Synth(
+        text: *const c_void,
+        size: usize,
+        position: c_uint,
+        position_type: c_int,
+        end_position: c_uint,
+        flags: c_uint,
+        unique_identifier: *mut c_uint,
+        user_data: *mut c_void,
+    ) -> c_int;
+}
+
+/// What synthesis reported about the text, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SynthEvent {
+    /// A word starts: its first character (0-based, in characters of the text) and its
+    /// length in characters.
+    Word { char_start: usize, chars: usize },
+    /// A phoneme of the current word, by its IPA name (without stress marks).
+    Phoneme(String),
+}
+
+/// Collects the events of one `espeak_Synth` call (its `user_data` is a
+/// `Vec<SynthEvent>`); the audio is not wanted.
+unsafe extern "C" fn collect_events(
+    _wav: *mut c_short,
+    _samples: c_int,
+    events: *mut RawEvent,
+) -> c_int {
+    if events.is_null() {
+        return 0;
+    }
+    let mut event = events;
+    // The list ends with an event of type LIST_TERMINATED; the bound only stops a
+    // misbehaving library.
+    for _ in 0..100_000 {
+        // SAFETY: espeak-ng passes an array of events terminated by LIST_TERMINATED,
+        // valid for the duration of this call; `event` never goes past the terminator.
+        let e = unsafe { &*event };
+        if e.kind == EVENT_LIST_TERMINATED {
+            break;
+        }
+        if !e.user_data.is_null() {
+            // SAFETY: `user_data` is the `&mut Vec<SynthEvent>` that `Espeak::synth_events`
+            // passed to espeak_Synth, alive and otherwise unused until espeak_Synth
+            // returns (the callback runs on the same thread, inside that call).
+            let out = unsafe { &mut *e.user_data.cast::<Vec<SynthEvent>>() };
+            match e.kind {
+                EVENT_WORD => out.push(SynthEvent::Word {
+                    char_start: usize::try_from(e.text_position.max(1) - 1).unwrap_or(0),
+                    chars: usize::try_from(e.length.max(0)).unwrap_or(0),
+                }),
+                EVENT_PHONEME => {
+                    // SAFETY: phoneme events use the `string` member: up to 8 bytes,
+                    // NUL-terminated unless all 8 are used.
+                    let raw = unsafe { e.id.string };
+                    let bytes: Vec<u8> = raw
+                        .iter()
+                        .map(|&c| c as u8)
+                        .take_while(|&b| b != 0)
+                        .collect();
+                    out.push(SynthEvent::Phoneme(
+                        String::from_utf8_lossy(&bytes).into_owned(),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        // SAFETY: not the terminator, so the next element is part of the array.
+        event = unsafe { event.add(1) };
+    }
+    0
 }
 
 /// What the process-wide lock protects.
@@ -108,7 +215,7 @@ impl Espeak {
                         AUDIO_OUTPUT_SYNCHRONOUS,
                         0,
                         c_path.as_ptr(),
-                        INITIALIZE_DONT_EXIT,
+                        INITIALIZE_DONT_EXIT | INITIALIZE_PHONEME_EVENTS | INITIALIZE_PHONEME_IPA,
                     )
                 };
                 if rate <= 0 {
@@ -117,6 +224,9 @@ impl Espeak {
                         code: rate,
                     });
                 }
+                // SAFETY: the lock is held and espeak-ng is initialized; the callback is
+                // a plain function that only reads the events it is given.
+                unsafe { espeak_SetSynthCallback(collect_events) };
                 let version = info_version();
                 *guard = Some(EngineState {
                     data_parent: data_parent.to_path_buf(),
@@ -216,6 +326,36 @@ impl Espeak {
             });
         }
         Err(PhonemeError::Engine { offset: len })
+    }
+}
+
+impl Espeak {
+    /// Synthesizes `text` (the voice set last) and returns the word and phoneme events
+    /// it reported, the audio discarded: which characters of the text each phoneme was
+    /// said for (`TextToPhonemes` has no such map).
+    pub(crate) fn synth_events(&mut self, text: &CStr) -> Result<Vec<SynthEvent>, PhonemeError> {
+        let mut events: Vec<SynthEvent> = Vec::new();
+        let len = text.to_bytes_with_nul().len();
+        // SAFETY: the lock (held by `self`) serializes all espeak-ng calls and espeak-ng is
+        // initialized with the collecting callback. `text` is NUL-terminated UTF-8 that
+        // outlives the call; in synchronous mode espeak_Synth returns only after the last
+        // callback, so `events` (passed as user data) outlives every use of it.
+        let rc = unsafe {
+            espeak_Synth(
+                text.as_ptr().cast(),
+                len,
+                0,
+                POS_CHARACTER,
+                0,
+                CHARS_UTF8 as c_uint,
+                std::ptr::null_mut(),
+                (&raw mut events).cast(),
+            )
+        };
+        if rc != EE_OK {
+            return Err(PhonemeError::Engine { offset: 0 });
+        }
+        Ok(events)
     }
 }
 

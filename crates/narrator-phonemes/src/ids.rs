@@ -69,29 +69,45 @@ impl PhonemeIdMap {
     /// The ids for one sentence of phonemes, with BOS, PAD and EOS as Piper adds them,
     /// and the phonemes that were skipped because the voice has no id for them.
     pub fn ids(&self, phonemes: &[String]) -> (Vec<i64>, Vec<String>) {
+        let (ids, unknown, _) = self.ids_with_sources(phonemes);
+        (ids, unknown)
+    }
+
+    /// [`PhonemeIdMap::ids`] with, for each id, the index in `phonemes` it was made
+    /// from: a phoneme's ids and the PAD after them are its own (a merged vowel cluster's
+    /// are its first phoneme's); BOS, the first PAD and EOS are `None`.
+    pub fn ids_with_sources(
+        &self,
+        phonemes: &[String],
+    ) -> (Vec<i64>, Vec<String>, Vec<Option<usize>>) {
         let merged;
-        let phonemes = match &self.vowel_clusters {
+        let (phonemes, firsts): (&[String], Vec<usize>) = match &self.vowel_clusters {
             Some(clusters) => {
-                merged = clusters.merge(phonemes);
-                merged.as_slice()
+                let (m, firsts) = clusters.merge(phonemes);
+                merged = m;
+                (merged.as_slice(), firsts)
             }
-            None => phonemes,
+            None => (phonemes, (0..phonemes.len()).collect()),
         };
         let mut ids = Vec::with_capacity(2 * phonemes.len() + 3);
+        let mut sources = Vec::with_capacity(2 * phonemes.len() + 3);
         let mut unknown = Vec::new();
         ids.extend_from_slice(&self.bos);
         ids.extend_from_slice(&self.pad);
-        for phoneme in phonemes {
+        sources.resize(ids.len(), None);
+        for (phoneme, &source) in phonemes.iter().zip(&firsts) {
             match self.map.get(phoneme) {
                 Some(phoneme_ids) => {
                     ids.extend_from_slice(phoneme_ids);
                     ids.extend_from_slice(&self.pad);
+                    sources.resize(ids.len(), Some(source));
                 }
                 None => unknown.push(phoneme.clone()),
             }
         }
         ids.extend_from_slice(&self.eos);
-        (ids, unknown)
+        sources.resize(ids.len(), None);
+        (ids, unknown, sources)
     }
 
     /// Whether the voice has an id for `phoneme`.
@@ -134,14 +150,17 @@ impl VowelClusters {
     }
 
     /// Piper's `_merge_known_vowel_clusters`: at each position the longest known cluster
-    /// (of at least two phonemes) is joined into one phoneme.
-    fn merge(&self, phonemes: &[String]) -> Vec<String> {
+    /// (of at least two phonemes) is joined into one phoneme. With each merged phoneme,
+    /// the index of its first.
+    fn merge(&self, phonemes: &[String]) -> (Vec<String>, Vec<usize>) {
         let mut out = Vec::with_capacity(phonemes.len());
+        let mut firsts = Vec::with_capacity(phonemes.len());
         let mut i = 0;
         while i < phonemes.len() {
             let longest = (2..=self.max_len.min(phonemes.len() - i))
                 .rev()
                 .find(|&n| self.set.contains(&phonemes[i..i + n]));
+            firsts.push(i);
             match longest {
                 Some(n) => {
                     out.push(phonemes[i..i + n].concat());
@@ -153,7 +172,7 @@ impl VowelClusters {
                 }
             }
         }
-        out
+        (out, firsts)
     }
 }
 
@@ -194,6 +213,18 @@ mod tests {
         let (ids, unknown) = map.ids(&phonemes("a b?"));
         assert_eq!(ids, vec![1, 0, 14, 0, 3, 0, 15, 0, 2]);
         assert_eq!(unknown, vec!["?".to_owned()]);
+        let (_, _, sources) = map.ids_with_sources(&phonemes("a b?"));
+        let each = [
+            None,
+            None,
+            Some(0),
+            Some(0),
+            Some(1),
+            Some(1),
+            Some(2),
+            Some(2),
+        ];
+        assert_eq!(sources, [&each[..], &[None]].concat());
         let (ids, unknown) = map.ids(&[]);
         assert_eq!(ids, vec![1, 0, 2]);
         assert!(unknown.is_empty());
@@ -206,6 +237,11 @@ mod tests {
         let map = PhonemeIdMap::from_voice_config(&config).expect("valid config");
         let (ids, _) = map.ids(&phonemes("aab"));
         assert_eq!(ids, vec![1, 0, 14, 0, 99, 0, 2]);
+        let (_, _, sources) = map.ids_with_sources(&phonemes("aab"));
+        assert_eq!(
+            sources,
+            vec![None, None, Some(0), Some(0), Some(1), Some(1), None]
+        );
     }
 
     #[test]

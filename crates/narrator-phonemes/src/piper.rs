@@ -16,6 +16,7 @@ use crate::PhonemeError;
 use crate::clause::clause_end;
 use crate::ffi::{Espeak, PHONEMES_ASCII, PHONEMES_IPA, RawClause};
 use crate::linking::{SEPARATOR, merge_linking, strip_separators};
+use crate::words::Phonemized;
 
 /// One piece of the input: plain text, or a `[[ raw phonemes ]]` block.
 #[derive(Debug, PartialEq, Eq)]
@@ -84,18 +85,40 @@ fn strip_language_markers(phonemes: &str) -> String {
     out
 }
 
-fn push_chars(sentence: &mut Vec<String>, s: &str) {
-    sentence.extend(s.chars().map(String::from));
-}
-
 /// The whole Piper phonemization of `text` with espeak-ng voice `voice`.
 pub(crate) fn phonemize(
     espeak: &mut Espeak,
     voice: &str,
     text: &str,
 ) -> Result<Vec<Vec<String>>, PhonemeError> {
+    Ok(phonemize_parts(espeak, voice, text, false)?.sentences)
+}
+
+/// The same, with each phoneme's word (see `words.rs`): every plain part is also
+/// synthesized for its word events; a `[[ raw ]]` block is one word.
+pub(crate) fn phonemize_words(
+    espeak: &mut Espeak,
+    voice: &str,
+    text: &str,
+) -> Result<Phonemized, PhonemeError> {
+    phonemize_parts(espeak, voice, text, true)
+}
+
+/// Byte offset of `part` (a slice of `text`) in `text`.
+fn offset_in(text: &str, part: &str) -> usize {
+    part.as_ptr().addr().saturating_sub(text.as_ptr().addr())
+}
+
+fn phonemize_parts(
+    espeak: &mut Espeak,
+    voice: &str,
+    text: &str,
+    with_words: bool,
+) -> Result<Phonemized, PhonemeError> {
     let parts = split_raw_blocks(text);
     let mut sentences: Vec<Vec<String>> = Vec::new();
+    let mut owners: Vec<Vec<Option<u32>>> = Vec::new();
+    let mut words: Vec<std::ops::Range<usize>> = Vec::new();
     let mut prev_raw = false;
     for (i, part) in parts.iter().enumerate() {
         match part {
@@ -103,12 +126,17 @@ pub(crate) fn phonemize(
                 prev_raw = true;
                 if sentences.is_empty() {
                     sentences.push(Vec::new());
+                    owners.push(Vec::new());
                 }
-                let Some(current) = sentences.last_mut() else {
+                let (Some(current), Some(owned)) = (sentences.last_mut(), owners.last_mut()) else {
                     continue;
                 };
+                let word = u32::try_from(words.len()).ok();
+                let start = offset_in(text, raw);
+                words.push(start..start + raw.len());
                 if i > 0 && text_of(&parts[i - 1]).ends_with(' ') {
                     current.push(" ".to_owned());
+                    owned.push(None);
                 }
                 // Python's raw[2:-2].strip(): no NFD here, Piper passes them as written.
                 let chars: Vec<char> = raw.chars().collect();
@@ -117,26 +145,70 @@ pub(crate) fn phonemize(
                 } else {
                     String::new()
                 };
-                push_chars(current, inner.trim());
+                for c in inner.trim().chars() {
+                    current.push(c.to_string());
+                    owned.push((!c.is_whitespace()).then_some(word).flatten());
+                }
                 if i + 1 < parts.len() && text_of(&parts[i + 1]).starts_with(' ') {
                     current.push(" ".to_owned());
+                    owned.push(None);
                 }
             }
             Part::Text(plain) => {
-                let mut part_sentences = phonemize_espeak(espeak, voice, plain)?.into_iter();
+                let part_sentences = phonemize_espeak(espeak, voice, plain)?;
+                let part_owners = if with_words {
+                    let events = espeak.synth_events(&c_text(plain)?)?;
+                    let (part_words, part_owners) =
+                        crate::words::assign(plain, &part_sentences, &events);
+                    let base = offset_in(text, plain);
+                    let first = u32::try_from(words.len()).unwrap_or(u32::MAX);
+                    words.extend(part_words.into_iter().map(|r| r.start + base..r.end + base));
+                    part_owners
+                        .into_iter()
+                        .map(|s| s.into_iter().map(|o| o.map(|w| w + first)).collect())
+                        .collect()
+                } else {
+                    part_sentences
+                        .iter()
+                        .map(|s| vec![None; s.len()])
+                        .collect::<Vec<_>>()
+                };
+                let mut part_sentences = part_sentences.into_iter().zip(part_owners);
                 if prev_raw
-                    && let (Some(first), Some(current)) =
-                        (part_sentences.next(), sentences.last_mut())
+                    && let (Some((first, first_owned)), Some(current), Some(owned)) = (
+                        part_sentences.next(),
+                        sentences.last_mut(),
+                        owners.last_mut(),
+                    )
                 {
                     current.extend(first);
+                    owned.extend(first_owned);
                 }
-                sentences.extend(part_sentences);
+                for (sentence, owned) in part_sentences {
+                    sentences.push(sentence);
+                    owners.push(owned);
+                }
                 prev_raw = false;
             }
         }
     }
-    sentences.retain(|sentence| !sentence.is_empty());
-    Ok(sentences)
+    let (sentences, owners) = sentences
+        .into_iter()
+        .zip(owners)
+        .filter(|(sentence, _)| !sentence.is_empty())
+        .unzip();
+    Ok(Phonemized {
+        sentences,
+        owners,
+        words,
+    })
+}
+
+/// `text` as a C string: a NUL would end it early; espeak-ng treats other control
+/// characters as spaces, so a space (one byte, as the NUL) keeps the rest of the text
+/// and every offset.
+fn c_text(text: &str) -> Result<CString, PhonemeError> {
+    CString::new(text.replace('\0', " ")).map_err(|_| PhonemeError::Engine { offset: 0 })
 }
 
 /// `EspeakPhonemizer.phonemize` for one plain-text part (may return empty sentences).
@@ -145,10 +217,7 @@ fn phonemize_espeak(
     voice: &str,
     text: &str,
 ) -> Result<Vec<Vec<String>>, PhonemeError> {
-    // A NUL would end the C string early; espeak-ng treats other control characters as
-    // spaces, so a space keeps the rest of the text.
-    let c_text =
-        CString::new(text.replace('\0', " ")).map_err(|_| PhonemeError::Engine { offset: 0 })?;
+    let c_text = c_text(text)?;
     let bytes = c_text.as_bytes();
     let separator = (SEPARATOR as i32) << 8;
 

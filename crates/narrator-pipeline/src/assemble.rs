@@ -43,7 +43,13 @@ pub struct AssembleOptions {
     pub staging: PathBuf,
     /// Subtitle files to write beside the book file (and each chapter file).
     pub subtitles: Vec<crate::SubtitleFormat>,
+    /// Also a read-along EPUB 3 (`--format epub3`) from the chapter files: `format` must
+    /// then be MP3 and `chapter_files` on (the EPUB's audio).
+    pub epub3: bool,
 }
+
+/// The staging folder's subfolder where the EPUB's copies of the chapter files wait.
+const EPUB_AUDIO: &str = "epub-audio";
 
 /// A file-name-safe form of a title: lowercase ASCII letters and digits joined by `-`.
 pub fn slug(title: &str, max: usize) -> String {
@@ -519,6 +525,14 @@ async fn encode_outputs<A: AudioStore + 'static>(
         }
         .instrument(encode)
         .await?;
+        // The EPUB takes its own copy: the upload may move the file (a local store).
+        if let (true, Some(path)) = (opts.epub3, &path) {
+            let dir = opts.staging.join(EPUB_AUDIO);
+            let copy = dir.join(format!("{ci}.mp3"));
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::copy(path, &copy))
+                .map_err(|source| PipelineError::Io { path: copy, source })?;
+        }
         // The chapter goes up while the next one is encoded (at most UPLOADS at once).
         let (Some(path), Some(name)) = (path, cl.file.clone()) else {
             continue;
@@ -611,10 +625,12 @@ async fn publish<A: AudioStore + 'static>(
             async move { store.put_output(&job, &name, &book_path).await }.instrument(upload),
         );
     }
-    let (book_subtitles, chapter_subtitles) = write_subtitles(plan, lay, rate, opts)?;
+    let (book_subtitles, chapter_subtitles) = write_subtitles(plan, lay, records, rate, opts)?;
+    let epub = write_epub(plan, lay, rate, opts)?;
     for name in book_subtitles
         .iter()
         .chain(chapter_subtitles.iter().flatten())
+        .chain(epub.iter())
     {
         let (store, job, name) = (store.clone(), plan.job_id.clone(), name.clone());
         let path = opts.staging.join(&name);
@@ -651,6 +667,7 @@ async fn publish<A: AudioStore + 'static>(
                 bytes: c.data.len() as u64,
             }),
             timings: book_subtitles.iter().find(|f| *f == TIMINGS_FILE).cloned(),
+            epub,
             subtitles: book_subtitles
                 .iter()
                 .filter(|f| *f != TIMINGS_FILE)
@@ -700,6 +717,55 @@ async fn publish<A: AudioStore + 'static>(
     Ok(manifest)
 }
 
+/// Writes the read-along EPUB 3 into the staging folder when `opts.epub3` asks for it,
+/// from the chapter files' copies and the layout; returns its name (the book file's,
+/// with `.epub`).
+fn write_epub(
+    plan: &JobPlan,
+    lay: &Layout,
+    rate: u32,
+    opts: &AssembleOptions,
+) -> Result<Option<String>, PipelineError> {
+    if !opts.epub3 {
+        return Ok(None);
+    }
+    let secs = |n: u64| n as f64 / f64::from(rate);
+    let chapters = plan
+        .chapters
+        .iter()
+        .zip(&lay.chapters)
+        .enumerate()
+        .map(|(ci, (ch, cl))| {
+            let first = ch.first_segment as usize;
+            let range = first..first + ch.segment_count as usize;
+            crate::epub3::EpubChapter {
+                audio: opts.staging.join(EPUB_AUDIO).join(format!("{ci}.mp3")),
+                seconds: secs(cl.samples),
+                sentences: plan.segments[range.clone()]
+                    .iter()
+                    .zip(&lay.segments[range])
+                    .map(|(s, &(start, n))| {
+                        let at = start - cl.book_start;
+                        (s.index, secs(at), secs(at + n))
+                    })
+                    .collect(),
+            }
+        })
+        .collect::<Vec<_>>();
+    let name = Path::new(&lay.book_file)
+        .with_extension("epub")
+        .to_string_lossy()
+        .into_owned();
+    let modified = modified_now();
+    crate::epub3::write_epub3(&opts.staging.join(&name), plan, &chapters, &modified)?;
+    Ok(Some(name))
+}
+
+/// Now as `CCYY-MM-DDThh:mm:ssZ` (UTC), what `dcterms:modified` takes.
+fn modified_now() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
 /// Where every sentence is spoken in the book file (written with subtitles).
 pub const TIMINGS_FILE: &str = "timings.json";
 
@@ -710,6 +776,7 @@ pub const TIMINGS_FILE: &str = "timings.json";
 fn write_subtitles(
     plan: &JobPlan,
     lay: &Layout,
+    records: &[SegmentRecord],
     rate: u32,
     opts: &AssembleOptions,
 ) -> Result<(Vec<String>, Vec<Vec<String>>), PipelineError> {
@@ -717,11 +784,33 @@ fn write_subtitles(
         return Ok((Vec::new(), vec![Vec::new(); lay.chapters.len()]));
     }
     let secs = |n: u64| n as f64 / f64::from(rate);
+    // Each segment's words, from its record (the segment's own samples).
+    let words_of = |index: u32| {
+        records
+            .get(index as usize)
+            .filter(|r| r.index == index)
+            .map_or(&[][..], |r| r.words.as_slice())
+    };
     let spoken = |range: std::ops::Range<usize>, origin: u64| {
         let parts = plan.segments[range.clone()]
             .iter()
             .zip(&lay.segments[range])
-            .map(move |(s, &(start, n))| (s.text.as_str(), secs(start - origin), secs(n)));
+            .map(move |(s, &(start, n))| crate::subtitles::Spoken {
+                text: s.text.as_str(),
+                start: secs(start - origin),
+                seconds: secs(n),
+                words: words_of(s.index)
+                    .iter()
+                    .map(|w| {
+                        let at = |k: u32| secs(start - origin + u64::from(k).min(n));
+                        (
+                            w.text[0] as usize..w.text[1] as usize,
+                            at(w.samples[0]),
+                            at(w.samples[1]),
+                        )
+                    })
+                    .collect(),
+            });
         crate::subtitles::cues(parts)
     };
     let write = |stem: &str, cues: &[crate::subtitles::Cue]| {
@@ -756,6 +845,22 @@ fn write_subtitles(
                 end_sample: start + n,
                 start: secs(start),
                 end: secs(start + n),
+                words: words_of(s.index)
+                    .iter()
+                    .map(|w| {
+                        let (a, b) = (
+                            start + u64::from(w.samples[0]).min(n),
+                            start + u64::from(w.samples[1]).min(n),
+                        );
+                        crate::subtitles::WordEntry {
+                            text: w.word(&s.text).to_string(),
+                            start_sample: a,
+                            end_sample: b,
+                            start: secs(a),
+                            end: secs(b),
+                        }
+                    })
+                    .collect(),
             })
             .collect(),
     };
@@ -1007,6 +1112,7 @@ mod tests {
             worker: "w".into(),
             phoneme_ids: 1,
             packed: None,
+            words: Vec::new(),
         }
     }
 

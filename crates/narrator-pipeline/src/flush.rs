@@ -211,6 +211,7 @@ async fn write_group<A: AudioStore, S: StateStore>(
                 worker: worker.to_string(),
                 phoneme_ids: s.prepared.total_ids() as u32,
                 packed,
+                words: s.words.clone(),
             }
         })
         .collect();

@@ -13,6 +13,7 @@ pub mod assemble;
 pub mod batcher;
 pub mod bench;
 pub mod calibrate;
+pub mod epub3;
 mod flush;
 pub mod local;
 pub mod plan;

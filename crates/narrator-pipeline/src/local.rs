@@ -163,6 +163,7 @@ mod tests {
             worker: "w".into(),
             phoneme_ids: 3,
             packed: None,
+            words: Vec::new(),
         }
     }
 

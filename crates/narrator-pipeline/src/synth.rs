@@ -28,6 +28,11 @@ pub struct Prepared {
     pub segment: Segment,
     /// One id sequence per utterance (espeak sentence, capped in length).
     pub utterances: Vec<Vec<i64>>,
+    /// Per utterance, per id: the index in `words` of the word it was made for (`None`:
+    /// boundaries, spaces, punctuation).
+    pub id_words: Vec<Vec<Option<u32>>>,
+    /// The words of the segment's text that were spoken: byte ranges.
+    pub words: Vec<std::ops::Range<usize>>,
     /// Phonemes the voice has no id for (skipped, as Piper does).
     pub unknown: Vec<String>,
     /// When it was queued (for queue-wait figures).
@@ -62,6 +67,8 @@ pub struct Synthesized {
     pub queue_wait_seconds: f64,
     /// Utterances in the largest engine run of its batch.
     pub batch_size: u32,
+    /// Where each word is spoken in `audio` (empty where the engine gave no durations).
+    pub words: Vec<narrator_core::WordTiming>,
 }
 
 /// Splits a phoneme sequence into pieces of at most `max` phonemes, at spaces when possible.
@@ -332,19 +339,29 @@ impl Synthesizer {
     /// Phonemizes one segment (blocking: call from a blocking thread).
     pub fn prepare(&self, segment: Segment) -> Result<Prepared, PipelineError> {
         let _running = self.begin(Work::Phonemize);
-        let sentences = self
+        let phonemized = self
             .phonemizer
-            .phonemize(self.family.espeak_voice(), &segment.text)?;
+            .phonemize_words(self.family.espeak_voice(), &segment.text)?;
         let mut utterances = Vec::new();
+        let mut id_words = Vec::new();
         let mut unknown = Vec::new();
-        for sentence in sentences {
+        for (sentence, owners) in phonemized.sentences.into_iter().zip(phonemized.owners) {
             if sentence.is_empty() {
                 continue;
             }
+            let mut at = 0;
             for piece in cap_phonemes(sentence, self.caps.max_item_phonemes) {
-                let (ids, missing) = self.family.phoneme_ids(&piece);
+                let owners = owners.get(at..at + piece.len()).unwrap_or(&[]);
+                at += piece.len();
+                let (ids, missing, sources) = self.family.phoneme_ids_with_sources(&piece);
                 unknown.extend(missing);
                 if !ids.is_empty() {
+                    id_words.push(
+                        sources
+                            .iter()
+                            .map(|s| s.and_then(|i| owners.get(i).copied().flatten()))
+                            .collect(),
+                    );
                     utterances.push(ids);
                 }
             }
@@ -352,6 +369,8 @@ impl Synthesizer {
         Ok(Prepared {
             segment,
             utterances,
+            id_words,
+            words: phonemized.words,
             unknown,
             queued_at: Instant::now(),
             span: tracing::Span::none(),
@@ -369,12 +388,27 @@ impl Synthesizer {
     ) -> Result<Vec<Synthesized>, PipelineError> {
         let started = Instant::now();
         let _running = self.begin(Work::Batch);
-        if let Some(FaultHook(fault)) = &self.fault
-            && let Some((index, permanent)) = batch
-                .iter()
-                .find_map(|p| fault(&p.segment).map(|permanent| (p.segment.index, permanent)))
-        {
-            return Err(PipelineError::Injected { index, permanent });
+        if let Some(FaultHook(fault)) = &self.fault {
+            // On a blocking thread, where the engine's own work runs: a hook that hangs
+            // (a wedged engine) or sleeps (a slow one) must not stall the async threads.
+            // Its panic is the batch's, as an engine's would be.
+            let (fault, segments) = (
+                fault.clone(),
+                batch.iter().map(|p| p.segment.clone()).collect::<Vec<_>>(),
+            );
+            let hit = tokio::task::spawn_blocking(move || {
+                segments
+                    .iter()
+                    .find_map(|s| fault(s).map(|permanent| (s.index, permanent)))
+            })
+            .await
+            .unwrap_or_else(|e| match e.try_into_panic() {
+                Ok(payload) => std::panic::resume_unwind(payload),
+                Err(_) => None,
+            });
+            if let Some((index, permanent)) = hit {
+                return Err(PipelineError::Injected { index, permanent });
+            }
         }
         let items: Vec<&[i64]> = batch
             .iter()
@@ -394,7 +428,7 @@ impl Synthesizer {
             })
             .collect();
         let mut failures = 0u32;
-        let (waves, inference_seconds, largest) = loop {
+        let (waves, token_samples, inference_seconds, largest) = loop {
             let budget = self.budget();
             match self.run_all(&items, &speakers, &scales, budget).await {
                 Ok(done) => break done,
@@ -451,21 +485,22 @@ impl Synthesizer {
             s.busy_seconds += inference_seconds;
             s.batches += 1;
         });
-        // Token durations are not carried past the engine yet (word timings: issue 30).
-        let out = narrator_engine::BatchOutput::untimed(waves, inference_seconds);
         let total_ids: usize = batch.iter().map(Prepared::total_ids).sum::<usize>().max(1);
         let n = largest as u32;
-        let mut audio_iter = out.audio.into_iter();
+        let mut audio_iter = waves.into_iter().zip(token_samples);
         let mut result = Vec::with_capacity(batch.len());
         for p in batch {
             let mut samples = Vec::new();
-            for _ in 0..p.utterances.len() {
-                let wave = audio_iter.next().ok_or(PipelineError::Internal(
+            let mut words = WordSpans::new(p.words.len());
+            for u in 0..p.utterances.len() {
+                let (wave, durations) = audio_iter.next().ok_or(PipelineError::Internal(
                     "engine returned fewer items than sent",
                 ))?;
+                words.add(samples.len(), &durations, p.id_words.get(u));
                 samples.extend(narrator_audio::peak_normalize_to_i16(&wave));
             }
-            let share = out.inference_seconds * p.total_ids() as f64 / total_ids as f64;
+            let words = words.finish(&p.words);
+            let share = inference_seconds * p.total_ids() as f64 / total_ids as f64;
             let wait = started.saturating_duration_since(p.queued_at).as_secs_f64();
             result.push(Synthesized {
                 audio: SegmentAudio {
@@ -476,6 +511,7 @@ impl Synthesizer {
                 queue_wait_seconds: wait,
                 batch_size: n,
                 prepared: p,
+                words,
             });
         }
         Ok(result)
@@ -503,11 +539,12 @@ impl Synthesizer {
         speakers: &[i64],
         scales: &[Scales],
         budget: Budget,
-    ) -> Result<(Vec<Vec<f32>>, f64, usize), EngineError> {
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<u32>>, f64, usize), EngineError> {
         let pool = self.pool();
         let device = pool.device().to_string();
         let lens: Vec<usize> = items.iter().map(|i| i.len()).collect();
         let mut waves: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
+        let mut token_samples: Vec<Vec<u32>> = vec![Vec::new(); items.len()];
         let mut inference_seconds = 0.0;
         let mut largest = 0;
         // Items of one rate run together (almost always all of them), in their order.
@@ -549,11 +586,13 @@ impl Synthesizer {
             if out.audio.len() != run.len() {
                 return Err(EngineError::Stopped);
             }
+            let mut durations = out.token_samples.into_iter();
             for (&i, wave) in run.iter().zip(out.audio) {
                 waves[i] = wave;
+                token_samples[i] = durations.next().unwrap_or_default();
             }
         }
-        Ok((waves, inference_seconds, largest))
+        Ok((waves, token_samples, inference_seconds, largest))
     }
 
     async fn fall_back(&self, make: &Fallback, what: &str) -> Result<(), PipelineError> {
@@ -578,6 +617,60 @@ impl Synthesizer {
         self.set_budget(budget);
         self.note(|s| s.fallback = Some(reason));
         Ok(())
+    }
+}
+
+/// Each word's first and last sample in a segment's audio, gathered utterance by
+/// utterance from the model's per-id durations.
+struct WordSpans {
+    spans: Vec<Option<(u64, u64)>>,
+    /// False once an utterance came without durations: no word is timed then.
+    timed: bool,
+}
+
+impl WordSpans {
+    fn new(words: usize) -> Self {
+        Self {
+            spans: vec![None; words],
+            timed: true,
+        }
+    }
+
+    /// An utterance starting at sample `offset` of the segment, with each id's samples
+    /// and each id's word.
+    fn add(&mut self, offset: usize, durations: &[u32], words: Option<&Vec<Option<u32>>>) {
+        let Some(words) = words.filter(|w| w.len() == durations.len() && !w.is_empty()) else {
+            self.timed = false;
+            return;
+        };
+        let mut at = offset as u64;
+        for (&d, word) in durations.iter().zip(words) {
+            let end = at + u64::from(d);
+            if let Some(span) = word.and_then(|w| self.spans.get_mut(w as usize))
+                && d > 0
+            {
+                *span = Some(span.map_or((at, end), |(s, e)| (s.min(at), e.max(end))));
+            }
+            at = end;
+        }
+    }
+
+    /// The timed words (a word none of whose ids lasted a sample is left out).
+    fn finish(self, words: &[std::ops::Range<usize>]) -> Vec<narrator_core::WordTiming> {
+        if !self.timed {
+            return Vec::new();
+        }
+        let u32_of = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        self.spans
+            .iter()
+            .zip(words)
+            .filter_map(|(span, range)| {
+                span.map(|(s, e)| narrator_core::WordTiming {
+                    text: [u32_of(range.start as u64), u32_of(range.end as u64)],
+                    samples: [u32_of(s), u32_of(e)],
+                })
+            })
+            .collect()
     }
 }
 

@@ -905,7 +905,11 @@ fn markdown_front_matter_cover_is_read_relative_to_the_book() {
         (
             format!(
                 "../{}/secret.jpg",
-                outside.path().file_name().unwrap().to_string_lossy()
+                outside
+                    .path()
+                    .file_name()
+                    .expect("a name")
+                    .to_string_lossy()
             ),
             "outside the book's folder",
         ),

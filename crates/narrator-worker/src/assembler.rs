@@ -122,6 +122,7 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
             .map(|f| f.parse())
             .collect::<Result<_, _>>()
             .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?,
+        epub3: stored.settings.epub3,
     };
     let segments = records.len();
     let audio_seconds: f64 = records.iter().map(|r| r.audio_seconds).sum();
@@ -165,7 +166,8 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
         })
     }));
     let subtitles = (manifest.book.subtitles.iter().map(|f| (f, "subtitles")))
-        .chain(manifest.book.timings.iter().map(|f| (f, "timings")));
+        .chain(manifest.book.timings.iter().map(|f| (f, "timings")))
+        .chain(manifest.book.epub.iter().map(|f| (f, "epub")));
     let chapter_subtitles = manifest
         .chapters
         .iter()

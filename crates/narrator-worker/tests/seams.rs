@@ -349,16 +349,17 @@ fn a_cancelled_job_leaves_nothing_in_the_store() {
 }
 
 /// Item 2 of the reliability issue: a message lost while its voice has a steady backlog
-/// is published again without waiting for the voice to be idle. A 60-segment book keeps
-/// the voice busy (150 ms a segment, one at a time: about 9 s); a one-segment book of a
-/// higher priority lost its only message. The watchdog sees one segment out that no
+/// is published again without waiting for the voice to be idle. A 120-segment book keeps
+/// the voice busy (150 ms a segment, one at a time: about 18 s; the test ends with the
+/// small book, so its length costs nothing); a one-segment book of a higher priority lost
+/// its only message. The watchdog sees one segment out that no
 /// message accounts for, publishes it again after the lease (1 s), and the small book is
 /// done long before the big one.
 #[test]
 fn a_lost_message_is_published_again_while_its_voice_is_busy() {
     let w = World::new();
     let big = w.submit(
-        &w.book("big.md", &book_text(1, 60, None)),
+        &w.book("big.md", &book_text(1, 120, None)),
         &["--format", "wav"],
     );
     let small = w.submit(
@@ -395,8 +396,8 @@ fn a_lost_message_is_published_again_while_its_voice_is_busy() {
     );
     let big_done = w.segment_rows(big).iter().filter(|r| r.1 == "done").count();
     assert!(
-        big_done < 60,
-        "the backlog was still there: {big_done} of 60 done"
+        big_done < 120,
+        "the backlog was still there: {big_done} of 120 done"
     );
 }
 

@@ -342,7 +342,8 @@ pub(crate) struct SubmitArgs {
     /// (default: its first speaker).
     #[arg(long, env = "NARRATOR_SPEAKER")]
     pub(crate) speaker: Option<String>,
-    /// Audio format of the outputs: wav, opus, mp3 or m4b.
+    /// Format of the outputs: wav, opus, mp3, m4b, or epub3 (a read-along EPUB 3 with
+    /// MP3 audio per chapter, plus the book's MP3 and chapter files).
     #[arg(long, default_value = "opus")]
     pub(crate) format: String,
     /// Also one file per chapter beside the whole book (not for m4b). Costs a second
@@ -498,7 +499,8 @@ pub(crate) struct RunArgs {
     /// Output folder (created if missing).
     #[arg(long, short)]
     pub(crate) out: PathBuf,
-    /// Audio format: wav, opus, mp3 or m4b (one file with chapters, tags and cover).
+    /// Format: wav, opus, mp3, m4b (one file with chapters, tags and cover), or epub3 (a
+    /// read-along EPUB 3 with MP3 audio per chapter, plus the book's MP3 and chapter files).
     #[arg(long, default_value = "opus")]
     pub(crate) format: String,
     /// Also one file per chapter beside the whole book, which always carries the chapter

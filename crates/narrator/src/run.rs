@@ -106,6 +106,8 @@ struct Request<'a> {
     format: AudioFormat,
     /// One file per chapter too.
     chapter_files: bool,
+    /// A read-along EPUB 3 too.
+    epub3: bool,
     /// Subtitle files to write.
     subtitles: &'a [narrator_pipeline::SubtitleFormat],
     show_progress: bool,
@@ -126,6 +128,7 @@ async fn produce(
         out,
         format,
         chapter_files,
+        epub3,
         subtitles,
         show_progress,
         keep_work,
@@ -170,6 +173,8 @@ async fn produce(
                 .all(|c| c.file.is_some() == (chapter_files && format.supports_chapter_files()))
             && m.book.subtitles.len() == subtitles.len()
             && m.book.subtitles.iter().all(|f| out.join(f).is_file())
+            && m.book.epub.is_some() == epub3
+            && m.book.epub.iter().all(|f| out.join(f).is_file())
             && out.join(&m.book.file).is_file()
             && m.chapters
                 .iter()
@@ -246,6 +251,7 @@ async fn produce(
         pauses: pauses(targs),
         staging: work.join("staging"),
         subtitles: subtitles.to_vec(),
+        epub3,
     };
     let (early_tx, early) = if fresh && encodes_early(format) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -453,6 +459,27 @@ pub(crate) fn check_chapter_files(format: AudioFormat, chapter_files: bool) -> a
     Ok(())
 }
 
+/// What `--format` names: an audio format, or `epub3` (a read-along EPUB 3, whose audio
+/// is MP3, one file per chapter: the book's MP3 and chapter files come with it). Returns
+/// the audio format, whether there are chapter files, and whether an EPUB is wanted.
+pub(crate) fn output_format(
+    name: &str,
+    chapter_files: bool,
+) -> anyhow::Result<(AudioFormat, bool, bool)> {
+    let word = name.trim().trim_start_matches('.').to_ascii_lowercase();
+    if word == "epub3" || word == "epub" {
+        return Ok((AudioFormat::Mp3, true, true));
+    }
+    let format: AudioFormat = name.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "unknown format {name:?}; choose one of: wav, opus, mp3, m4b, epub3 (a read-along \
+             EPUB 3 with MP3 audio)"
+        )
+    })?;
+    check_chapter_files(format, chapter_files)?;
+    Ok((format, chapter_files, false))
+}
+
 /// The formats `--subtitles` names.
 pub(crate) fn subtitle_formats(
     names: &[String],
@@ -469,8 +496,7 @@ pub(crate) fn subtitle_formats(
 
 /// `narrator run`.
 pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
-    let format: AudioFormat = args.format.parse()?;
-    check_chapter_files(format, args.chapter_files)?;
+    let (format, chapter_files, epub3) = output_format(&args.format, args.chapter_files)?;
     let subtitles = subtitle_formats(&args.subtitles)?;
     // The voice first: its language decides how the text is read.
     let voice = engine::find_voice(paths, &args.engine)?;
@@ -490,7 +516,8 @@ pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
         fallback_title: &file_stem(&args.book),
         out: &args.out,
         format,
-        chapter_files: args.chapter_files,
+        chapter_files,
+        epub3,
         subtitles: &subtitles,
         show_progress: show,
         keep_work: args.keep_work,
@@ -611,6 +638,7 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         out: work.path(),
         format,
         chapter_files: false,
+        epub3: false,
         subtitles: &[],
         show_progress: false,
         keep_work: false,

@@ -449,14 +449,14 @@ mod tests {
         };
         keep(&mut entries, "v.onnx.json", vec![b'{'; 16]).expect("a config at the limit");
         keep(&mut entries, "v.onnx", vec![0; 64]).expect("a model at the limit");
-        let e = keep(&mut entries, "w.onnx.json", vec![b'{'; 17]).unwrap_err();
+        let e = keep(&mut entries, "w.onnx.json", vec![b'{'; 17]).expect_err("too small");
         assert!(
             e.contains("w.onnx.json is over 16 bytes once unpacked"),
             "{e}"
         );
-        let e = keep(&mut entries, "w.onnx", vec![0; 65]).unwrap_err();
+        let e = keep(&mut entries, "w.onnx", vec![0; 65]).expect_err("too big");
         assert!(e.contains("w.onnx is over 64 bytes once unpacked"), "{e}");
-        let e = keep(&mut entries, "v.onnx", vec![0; 8]).unwrap_err();
+        let e = keep(&mut entries, "v.onnx", vec![0; 8]).expect_err("too small");
         assert!(e.contains("it holds v.onnx twice"), "{e}");
         // Only what was kept is staged: the refused model's part is gone.
         let staged: Vec<_> = std::fs::read_dir(staging.path())

@@ -16,6 +16,13 @@ fn sample() -> PathBuf {
 
 const DET: [&str; 4] = ["--noise-scale", "0", "--noise-w", "0"];
 
+/// `narrator run` of the sample into `out` with `args`.
+fn run_sample(out: &Path, args: &[&str]) -> Output {
+    let (s, o) = (sample(), out.to_str().expect("utf8").to_string());
+    let book = s.to_str().expect("utf8");
+    run_ok(&[&["run", book, "--out", &o][..], args].concat())
+}
+
 #[test]
 fn run_makes_an_audiobook_folder_with_a_complete_manifest() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -192,6 +199,105 @@ fn subtitles_are_timed_by_the_layout_and_read_by_ffmpeg() {
         "ass",
     ]);
     assert!(e.contains("--subtitles srt,vtt"), "{e}");
+}
+
+/// Word timings from the model (issue 30): timings.json holds every word of every
+/// sentence, in order, inside its sentence's speech; the book's audio agrees with them
+/// (the words are loud; the pauses between words, 150 ms or more after a comma or a
+/// colon, are near silent: a word start off by a phoneme would put speech in them);
+/// the WebVTT stamps the words inline and FFmpeg reads it.
+#[test]
+fn word_timings_are_in_step_with_the_audio() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("book");
+    let args = ["--format", "wav", "--subtitles", "vtt"];
+    run_sample(&out, &[&args[..], &DET[..]].concat());
+    let w = common::word_timings(&out);
+    assert!(
+        w.pauses >= 5,
+        "the sample has pauses inside sentences ({w:?})"
+    );
+    assert!(w.loud > 20.0 * w.quiet, "{w:?}");
+    assert!(w.stamps * 10 >= w.words * 7, "{w:?}");
+}
+
+/// `--format epub3`: one read-along EPUB 3 that EPUBCheck accepts, its `mimetype` first
+/// and uncompressed; each chapter's audio is that chapter's MP3 file, and its Media
+/// Overlay pairs every sentence's span with the clip timings.json gives it (relative to
+/// the chapter).
+#[test]
+fn epub3_pairs_every_sentence_with_its_clip_and_passes_epubcheck() {
+    use std::io::Read as _;
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("book");
+    run_sample(&out, &["--format", "epub3", "--subtitles", "srt"]);
+    let m = manifest(&out);
+    let epub = out.join(
+        m["book"]["epub"]
+            .as_str()
+            .expect("the manifest lists the EPUB"),
+    );
+    media::epubcheck(&epub);
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(&epub).expect("epub")).expect("zip");
+    {
+        let first = zip.by_index(0).expect("first entry");
+        assert_eq!(first.name().expect("name"), "mimetype");
+        assert_eq!(first.compression(), zip::CompressionMethod::Stored);
+    }
+    let mut read = |name: &str| {
+        let mut f = zip.by_name(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes).expect("read");
+        bytes
+    };
+    let timings: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("timings.json")).expect("timings.json"))
+            .expect("json");
+    let sentences = timings["sentences"].as_array().expect("sentences");
+    let mut paired = 0;
+    for (ci, chapter) in m["chapters"]
+        .as_array()
+        .expect("chapters")
+        .iter()
+        .enumerate()
+    {
+        let n = ci + 1;
+        // The chapter's audio is its MP3 file, byte for byte.
+        let audio = read(&format!("OEBPS/audio/ch{n:03}.mp3"));
+        let file = out.join(chapter["file"].as_str().expect("chapter file"));
+        assert!(
+            audio == std::fs::read(&file).expect("chapter mp3"),
+            "chapter {n}"
+        );
+        let xhtml = String::from_utf8(read(&format!("OEBPS/text/ch{n:03}.xhtml"))).expect("utf8");
+        let smil = String::from_utf8(read(&format!("OEBPS/smil/ch{n:03}.smil"))).expect("utf8");
+        let origin = chapter["start_seconds"].as_f64().expect("start");
+        for par in smil.split("<par ").skip(1) {
+            let attr = |name: &str| {
+                let at = par.find(&format!("{name}=\"")).expect(name) + name.len() + 2;
+                par[at..].split('"').next().expect("value").to_string()
+            };
+            let id = attr("src")
+                .rsplit('#')
+                .next()
+                .expect("fragment")
+                .to_string();
+            assert!(xhtml.contains(&format!("<span id=\"{id}\">")), "{id}");
+            let index: usize = id[1..].parse().expect("index");
+            let clock = |v: String| {
+                let p: Vec<f64> = v.split(':').map(|x| x.parse().expect("number")).collect();
+                p[0] * 3600.0 + p[1] * 60.0 + p[2]
+            };
+            let sentence = &sentences[index];
+            let (begin, end) = (clock(attr("clipBegin")), clock(attr("clipEnd")));
+            let want = sentence["start"].as_f64().expect("start") - origin;
+            assert!((begin - want).abs() < 0.0015, "{id}: {begin} vs {want}");
+            let want = sentence["end"].as_f64().expect("end") - origin;
+            assert!((end - want).abs() < 0.0015, "{id}: {end} vs {want}");
+            paired += 1;
+        }
+    }
+    assert_eq!(paired, sentences.len(), "every sentence has its clip");
 }
 
 #[test]

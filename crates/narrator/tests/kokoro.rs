@@ -72,7 +72,7 @@ fn a_kokoro_voice_reads_a_book_with_chapters_speed_and_blends() {
     }
     assert!(summary["rtf"].as_f64().is_some(), "{summary}");
 
-    // --speed 1.5: the same book, about 1.5 times shorter.
+    // --speed 1.5: the same book, about 1.5 times shorter, its words timed.
     let fast = out("fast");
     run_ok(&[
         "run",
@@ -83,9 +83,15 @@ fn a_kokoro_voice_reads_a_book_with_chapters_speed_and_blends() {
         "1.5",
         "--format",
         "wav",
+        "--subtitles",
+        "vtt",
         "--out",
         &s(&fast),
     ]);
+    let words = common::word_timings(&fast);
+    assert!(words.pauses >= 2, "{words:?}");
+    assert!(words.loud > 20.0 * words.quiet, "{words:?}");
+    assert!(words.stamps * 10 >= words.words * 7, "{words:?}");
     let mf = manifest(&fast);
     let (n, _) = wav(&fast.join(mf["book"]["file"].as_str().expect("file")));
     let ratio = normal / (n as f64 / 24_000.0);

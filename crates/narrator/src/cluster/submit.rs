@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use narrator_audio::AudioFormat;
 use narrator_broker::Publisher;
 use narrator_core::JobPlan;
 use narrator_db::JobSettings;
@@ -71,8 +70,8 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
 
 /// `narrator submit`.
 pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()> {
-    let format: AudioFormat = args.format.parse()?;
-    crate::run::check_chapter_files(format, args.chapter_files)?;
+    let (format, chapter_files, epub3) =
+        crate::run::output_format(&args.format, args.chapter_files)?;
     let subtitles = crate::run::subtitle_formats(&args.subtitles)?;
     let voice = narrator_engine::Voice::find(&paths.voices, &args.voice)?;
     let digest = identity_digest(&voice);
@@ -136,12 +135,13 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
         sentence_pause_ms: args.text.sentence_pause_ms,
         paragraph_pause_ms: args.text.paragraph_pause_ms,
         chapter_pause_ms: args.text.chapter_pause_ms,
-        chapter_files: args.chapter_files,
+        chapter_files,
         subtitles: subtitles
             .iter()
             .map(|f| f.extension().to_string())
             .collect(),
         speed: args.speed,
+        epub3,
     };
     let pool = cluster::database(&args.services).await?;
     let conn = cluster::broker(&args.services, "narrator-submit").await?;

@@ -1,0 +1,359 @@
+//! Read-along EPUB 3 with Media Overlays: the book's text as XHTML (each sentence a
+//! `span` with an id, paragraphs as the book had them), one MP3 per chapter, and per
+//! chapter a SMIL file pairing every sentence with its clip of that chapter's audio, at
+//! the exact samples the assembly placed it (the same layout as the subtitles). Reading
+//! systems that play Media Overlays (Thorium, Apple Books, BookFusion...) highlight each
+//! sentence as it is read. The package has navigation, the book's metadata and cover,
+//! and `media:duration` for each overlay and the whole book, as EPUB 3.3 asks.
+//!
+//! The text is what was spoken (after normalization and lexicons), as in the subtitles.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use narrator_core::{JobPlan, PauseAfter};
+
+use crate::PipelineError;
+
+/// The media type of an EPUB (the `mimetype` file, and an EPUB's MIME type).
+pub const EPUB_MIME: &str = "application/epub+zip";
+
+/// One chapter of the EPUB: its audio file and where each of its sentences is spoken in
+/// it.
+#[derive(Debug, Clone)]
+pub struct EpubChapter {
+    /// The chapter's audio (an MP3 file).
+    pub audio: PathBuf,
+    /// Its length, in seconds.
+    pub seconds: f64,
+    /// Per segment of the chapter, in order: (segment index, start, end) in seconds of
+    /// the chapter's audio (its speech, pauses excluded).
+    pub sentences: Vec<(u32, f64, f64)>,
+}
+
+/// `h:mm:ss.fff`, a SMIL clock value (also what `media:duration` takes).
+fn clock(seconds: f64) -> String {
+    let ms = (seconds.max(0.0) * 1000.0).round() as u64;
+    format!(
+        "{}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
+}
+
+/// Text escaped for XML content and attribute values.
+fn xml(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            // Characters XML 1.0 does not allow.
+            c if (c as u32) < 0x20 && !matches!(c, '\t' | '\n' | '\r') => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The id of a segment's `span`.
+fn sentence_id(index: u32) -> String {
+    format!("s{index:06}")
+}
+
+/// The book's language tag (`en` when it says none).
+fn language(plan: &JobPlan) -> String {
+    plan.meta
+        .language
+        .clone()
+        .filter(|l| !l.trim().is_empty())
+        .unwrap_or_else(|| "en".into())
+}
+
+/// Chapter `ci`'s XHTML: its segments, grouped in paragraphs where the book had them.
+fn chapter_xhtml(plan: &JobPlan, ci: usize, lang: &str) -> String {
+    let ch = &plan.chapters[ci];
+    let first = ch.first_segment as usize;
+    let segments = plan
+        .segments
+        .get(first..first + ch.segment_count as usize)
+        .unwrap_or(&[]);
+    let mut body = String::new();
+    let mut open = false;
+    for s in segments {
+        if !open {
+            body.push_str("    <p>");
+            open = true;
+        } else {
+            body.push(' ');
+        }
+        let _ = write!(
+            body,
+            "<span id=\"{}\">{}</span>",
+            sentence_id(s.index),
+            xml(&s.text)
+        );
+        if matches!(s.pause_after, PauseAfter::Paragraph | PauseAfter::Chapter) {
+            body.push_str("</p>\n");
+            open = false;
+        }
+    }
+    if open {
+        body.push_str("</p>\n");
+    }
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE html>\n\
+<html xmlns=\"http://www.w3.org/1999/xhtml\" xmlns:epub=\"http://www.idpf.org/2007/ops\" \
+xml:lang=\"{lang}\" lang=\"{lang}\">\n<head>\n  <meta charset=\"UTF-8\"/>\n  <title>{title}</title>\n  \
+<link rel=\"stylesheet\" type=\"text/css\" href=\"../style.css\"/>\n</head>\n<body>\n  \
+<section epub:type=\"chapter\" id=\"chapter\" aria-label=\"{title}\">\n{body}  </section>\n</body>\n</html>\n",
+        lang = xml(lang),
+        title = xml(&ch.title),
+    )
+}
+
+/// Chapter `ci`'s Media Overlay: a `par` per sentence, its text and its clip.
+fn chapter_smil(ci: usize, chapter: &EpubChapter) -> String {
+    let text = format!("../text/{}", chapter_name(ci, "xhtml"));
+    let audio = format!("../audio/{}", chapter_name(ci, "mp3"));
+    let mut pars = String::new();
+    for (k, &(index, start, end)) in chapter.sentences.iter().enumerate() {
+        if end <= start {
+            continue;
+        }
+        let _ = writeln!(
+            pars,
+            "    <par id=\"p{k}\"><text src=\"{text}#{id}\"/><audio src=\"{audio}\" \
+             clipBegin=\"{begin}\" clipEnd=\"{end}\"/></par>",
+            id = sentence_id(index),
+            begin = clock(start),
+            end = clock(end),
+        );
+    }
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+<smil xmlns=\"http://www.w3.org/ns/SMIL\" xmlns:epub=\"http://www.idpf.org/2007/ops\" version=\"3.0\">\n\
+<body>\n  <seq id=\"chapter\" epub:textref=\"{text}#chapter\" epub:type=\"chapter\">\n{pars}  </seq>\n</body>\n</smil>\n"
+    )
+}
+
+/// `chNNN.ext`.
+fn chapter_name(ci: usize, ext: &str) -> String {
+    format!("ch{:03}.{ext}", ci + 1)
+}
+
+/// The navigation document: a table of contents of the chapters.
+fn nav(plan: &JobPlan, lang: &str) -> String {
+    let mut items = String::new();
+    for (ci, ch) in plan.chapters.iter().enumerate() {
+        let _ = writeln!(
+            items,
+            "      <li><a href=\"text/{}\">{}</a></li>",
+            chapter_name(ci, "xhtml"),
+            xml(if ch.title.trim().is_empty() {
+                "Chapter"
+            } else {
+                &ch.title
+            })
+        );
+    }
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE html>\n\
+<html xmlns=\"http://www.w3.org/1999/xhtml\" xmlns:epub=\"http://www.idpf.org/2007/ops\" \
+xml:lang=\"{lang}\" lang=\"{lang}\">\n<head>\n  <meta charset=\"UTF-8\"/>\n  <title>{title}</title>\n</head>\n\
+<body>\n  <nav epub:type=\"toc\" id=\"toc\">\n    <h1>{title}</h1>\n    <ol>\n{items}    </ol>\n  </nav>\n</body>\n</html>\n",
+        lang = xml(lang),
+        title = xml(&plan.title),
+    )
+}
+
+/// The package document.
+fn package(plan: &JobPlan, chapters: &[EpubChapter], lang: &str, modified: &str) -> String {
+    let mut meta = String::new();
+    let _ = writeln!(
+        meta,
+        "    <dc:identifier id=\"book-id\">urn:narrator:{}</dc:identifier>",
+        xml(&plan.job_id)
+    );
+    let _ = writeln!(meta, "    <dc:title>{}</dc:title>", xml(&plan.title));
+    let _ = writeln!(meta, "    <dc:language>{}</dc:language>", xml(lang));
+    if let Some(author) = &plan.meta.author {
+        let _ = writeln!(meta, "    <dc:creator>{}</dc:creator>", xml(author));
+    }
+    if let Some(publisher) = &plan.meta.publisher {
+        let _ = writeln!(meta, "    <dc:publisher>{}</dc:publisher>", xml(publisher));
+    }
+    if let Some(date) = &plan.meta.date {
+        let _ = writeln!(meta, "    <dc:date>{}</dc:date>", xml(date));
+    }
+    let _ = writeln!(
+        meta,
+        "    <meta property=\"dcterms:modified\">{modified}</meta>"
+    );
+    let _ = writeln!(
+        meta,
+        "    <meta property=\"media:narrator\">narrator ({})</meta>",
+        xml(&plan.voice)
+    );
+    let total: f64 = chapters.iter().map(|c| c.seconds).sum();
+    let _ = writeln!(
+        meta,
+        "    <meta property=\"media:duration\">{}</meta>",
+        clock(total)
+    );
+    let _ = writeln!(
+        meta,
+        "    <meta property=\"media:active-class\">-epub-media-overlay-active</meta>"
+    );
+    let mut items = String::new();
+    let mut spine = String::new();
+    items.push_str(
+        "    <item id=\"nav\" href=\"nav.xhtml\" media-type=\"application/xhtml+xml\" properties=\"nav\"/>\n",
+    );
+    items.push_str("    <item id=\"css\" href=\"style.css\" media-type=\"text/css\"/>\n");
+    if let Some(cover) = &plan.meta.cover {
+        let _ = writeln!(
+            items,
+            "    <item id=\"cover\" href=\"images/{}\" media-type=\"{}\" properties=\"cover-image\"/>",
+            cover_name(&cover.mime),
+            xml(&cover.mime)
+        );
+    }
+    for (ci, chapter) in chapters.iter().enumerate() {
+        let n = ci + 1;
+        let _ = writeln!(
+            meta,
+            "    <meta property=\"media:duration\" refines=\"#mo{n}\">{}</meta>",
+            clock(chapter.seconds)
+        );
+        let _ = writeln!(
+            items,
+            "    <item id=\"ch{n}\" href=\"text/{}\" media-type=\"application/xhtml+xml\" media-overlay=\"mo{n}\"/>",
+            chapter_name(ci, "xhtml")
+        );
+        let _ = writeln!(
+            items,
+            "    <item id=\"mo{n}\" href=\"smil/{}\" media-type=\"application/smil+xml\"/>",
+            chapter_name(ci, "smil")
+        );
+        let _ = writeln!(
+            items,
+            "    <item id=\"audio{n}\" href=\"audio/{}\" media-type=\"audio/mpeg\"/>",
+            chapter_name(ci, "mp3")
+        );
+        let _ = writeln!(spine, "    <itemref idref=\"ch{n}\"/>");
+    }
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+<package xmlns=\"http://www.idpf.org/2007/opf\" version=\"3.0\" unique-identifier=\"book-id\" xml:lang=\"{lang}\">\n\
+  <metadata xmlns:dc=\"http://purl.org/dc/elements/1.1/\">\n{meta}  </metadata>\n\
+  <manifest>\n{items}  </manifest>\n  <spine>\n{spine}  </spine>\n</package>\n",
+        lang = xml(lang)
+    )
+}
+
+/// The cover's file name inside the EPUB, by its type.
+fn cover_name(mime: &str) -> &'static str {
+    if mime == "image/png" {
+        "cover.png"
+    } else {
+        "cover.jpg"
+    }
+}
+
+const CONTAINER: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
+<container version=\"1.0\" xmlns=\"urn:oasis:names:tc:opendocument:xmlns:container\">\n\
+  <rootfiles>\n    <rootfile full-path=\"OEBPS/content.opf\" media-type=\"application/oebps-package+xml\"/>\n\
+  </rootfiles>\n</container>\n";
+
+/// The highlight reading systems show on the sentence being read.
+const STYLE: &str = "body { font-family: serif; line-height: 1.5; }\n\
+p { margin: 0 0 1em 0; }\n\
+.-epub-media-overlay-active { background-color: #ffe9a8; }\n";
+
+/// Writes the EPUB of `plan` to `path`: `chapters` in the plan's order (one per plan
+/// chapter), `modified` the package's `dcterms:modified` (`CCYY-MM-DDThh:mm:ssZ`).
+pub fn write_epub3(
+    path: &Path,
+    plan: &JobPlan,
+    chapters: &[EpubChapter],
+    modified: &str,
+) -> Result<(), PipelineError> {
+    if chapters.len() != plan.chapters.len() {
+        return Err(PipelineError::Internal(
+            "an EPUB needs one audio file per chapter",
+        ));
+    }
+    let io = |source: std::io::Error| PipelineError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let zip_err = |e: zip::result::ZipError| io(std::io::Error::other(e));
+    let file = std::fs::File::create(path).map_err(io)?;
+    let mut zip = zip::ZipWriter::new(std::io::BufWriter::new(file));
+    let stored =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    let deflated = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated);
+    // The `mimetype` file first, uncompressed (what every reader checks).
+    zip.start_file("mimetype", stored).map_err(zip_err)?;
+    zip.write_all(EPUB_MIME.as_bytes()).map_err(io)?;
+    let lang = language(plan);
+    let text = |zip: &mut zip::ZipWriter<_>, name: &str, body: &str| {
+        zip.start_file(name, deflated).map_err(zip_err)?;
+        zip.write_all(body.as_bytes()).map_err(io)
+    };
+    text(&mut zip, "META-INF/container.xml", CONTAINER)?;
+    text(
+        &mut zip,
+        "OEBPS/content.opf",
+        &package(plan, chapters, &lang, modified),
+    )?;
+    text(&mut zip, "OEBPS/nav.xhtml", &nav(plan, &lang))?;
+    text(&mut zip, "OEBPS/style.css", STYLE)?;
+    for (ci, chapter) in chapters.iter().enumerate() {
+        text(
+            &mut zip,
+            &format!("OEBPS/text/{}", chapter_name(ci, "xhtml")),
+            &chapter_xhtml(plan, ci, &lang),
+        )?;
+        text(
+            &mut zip,
+            &format!("OEBPS/smil/{}", chapter_name(ci, "smil")),
+            &chapter_smil(ci, chapter),
+        )?;
+        // Compressed audio gains nothing from deflate.
+        zip.start_file(format!("OEBPS/audio/{}", chapter_name(ci, "mp3")), stored)
+            .map_err(zip_err)?;
+        let mut audio =
+            std::fs::File::open(&chapter.audio).map_err(|source| PipelineError::Io {
+                path: chapter.audio.clone(),
+                source,
+            })?;
+        std::io::copy(&mut audio, &mut zip).map_err(io)?;
+    }
+    if let Some(cover) = &plan.meta.cover {
+        zip.start_file(format!("OEBPS/images/{}", cover_name(&cover.mime)), stored)
+            .map_err(zip_err)?;
+        zip.write_all(&cover.data).map_err(io)?;
+    }
+    zip.finish().map_err(zip_err)?.flush().map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clocks_and_escapes() {
+        assert_eq!(clock(3723.4567), "1:02:03.457");
+        assert_eq!(clock(0.0), "0:00:00.000");
+        assert_eq!(xml("a < b & \"c\"\u{1}"), "a &lt; b &amp; &quot;c&quot; ");
+    }
+}
