@@ -151,6 +151,17 @@ fn subtitles_are_timed_by_the_layout_and_read_by_ffmpeg() {
             "{t}"
         );
         assert!(!t["text"].as_str().expect("text").is_empty());
+        // Words in the voice's samples, inside the sentence, whatever the file's rate
+        // (Opus is 48 kHz).
+        let words = t["words"].as_array().expect("words");
+        assert!(!words.is_empty(), "{t}");
+        for w in words {
+            let (ws, we) = (
+                w["start_sample"].as_f64().expect("ws"),
+                w["end_sample"].as_f64().expect("we"),
+            );
+            assert!(a <= ws && ws < we && we <= b, "{w} outside {t}");
+        }
     }
     let segs = m["segments"].as_array().expect("segments");
     let at = |s: &serde_json::Value, k: &str| s[k].as_f64().expect("seconds");
@@ -326,6 +337,8 @@ fn killed_run_resumes_and_matches_an_uninterrupted_run() {
         whole.to_str().expect("utf8"),
         "--format",
         "wav",
+        "--subtitles",
+        "vtt",
     ];
     args.extend(DET);
     run_ok(&args);
@@ -338,6 +351,8 @@ fn killed_run_resumes_and_matches_an_uninterrupted_run() {
         resumed.to_str().expect("utf8"),
         "--format",
         "wav",
+        "--subtitles",
+        "vtt",
     ];
     args.extend(DET);
     let mut child = narrator()
@@ -388,6 +403,15 @@ fn killed_run_resumes_and_matches_an_uninterrupted_run() {
         std::fs::read(whole.join(file)).expect("a")
             == std::fs::read(resumed.join(file)).expect("b"),
         "deterministic synthesis: the resumed book must equal the uninterrupted one byte for byte"
+    );
+    // The words of the segments made before the kill come from the journal: every
+    // sentence and word is timed as in the uninterrupted run.
+    let timings = |d: &Path| std::fs::read(d.join("timings.json")).expect("timings.json");
+    assert!(timings(&whole) == timings(&resumed), "timings.json differs");
+    assert!(
+        String::from_utf8(timings(&resumed))
+            .expect("utf8")
+            .contains("\"words\"")
     );
 }
 
