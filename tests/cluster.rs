@@ -920,7 +920,8 @@ fn each_job_runs_at_its_own_submitted_speed_on_a_worker_that_batches_them_togeth
 
 /// Issue 30, item 4: a book made by workers is timed as if made by one `run`: every
 /// sentence and every word at the same samples (noise 0 on both sides); asked for as a
-/// read-along EPUB 3, the assembler writes one that EPUBCheck accepts.
+/// read-along EPUB 3 with word overlays (from the words the workers recorded), the
+/// assembler writes one that EPUBCheck accepts.
 #[test]
 fn a_book_made_by_workers_is_timed_like_the_same_book_made_by_run() {
     // Deterministic durations (noise 0) on both sides: the same text and voice must give
@@ -947,12 +948,25 @@ fn a_book_made_by_workers_is_timed_like_the_same_book_made_by_run() {
     args.extend(deterministic);
     w.worker("t1", &args, &[]);
     w.worker("t2", &deterministic, &[]);
-    let job = w.submit(&book, &["--format", "epub3", "--subtitles", "srt"]);
+    let job = w.submit(
+        &book,
+        &[
+            "--format",
+            "epub3",
+            "--epub-overlay",
+            "word",
+            "--subtitles",
+            "srt",
+        ],
+    );
     w.wait_state(job, JobState::Done, Duration::from_secs(240));
     let st = w.status(job);
     let epub = w.tmp.path().join("distributed.epub");
     std::fs::write(&epub, w.s3_get(&output_key(&st, "epub"))).expect("write epub");
     narrator_test_support::media::epubcheck(&epub);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&w.s3_get(&output_key(&st, "manifest"))).expect("manifest");
+    assert_eq!(manifest["book"]["epub_overlay"], "word", "{manifest}");
     let remote: serde_json::Value =
         serde_json::from_slice(&w.s3_get(&output_key(&st, "timings"))).expect("timings.json");
     assert_eq!(local["sample_rate"], remote["sample_rate"]);

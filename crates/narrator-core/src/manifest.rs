@@ -29,6 +29,9 @@ pub struct BookEntry {
     /// Overlays pairing each sentence with its audio.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epub: Option<String>,
+    /// How fine its overlays are: `sentence` or `word`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epub_overlay: Option<String>,
 }
 
 /// The cover embedded in the book's audio files.

@@ -296,9 +296,9 @@ pub struct JobSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speed: Option<f32>,
     /// Also a read-along EPUB 3 (`--format epub3`; the format is then `mp3` with chapter
-    /// files, the EPUB's audio).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub epub3: bool,
+    /// files, the EPUB's audio), with overlays by `sentence` or `word`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epub3: Option<String>,
 }
 
 impl Default for JobSettings {
@@ -310,7 +310,7 @@ impl Default for JobSettings {
             chapter_files: false,
             subtitles: Vec::new(),
             speed: None,
-            epub3: false,
+            epub3: None,
         }
     }
 }

@@ -43,9 +43,9 @@ pub struct AssembleOptions {
     pub staging: PathBuf,
     /// Subtitle files to write beside the book file (and each chapter file).
     pub subtitles: Vec<crate::SubtitleFormat>,
-    /// Also a read-along EPUB 3 (`--format epub3`) from the chapter files: `format` must
-    /// then be MP3 and `chapter_files` on (the EPUB's audio).
-    pub epub3: bool,
+    /// Also a read-along EPUB 3 (`--format epub3`) with overlays this fine, from the
+    /// chapter files: `format` must then be MP3 and `chapter_files` on (the EPUB's audio).
+    pub epub3: Option<crate::epub3::Overlay>,
 }
 
 /// The staging folder's subfolder where the EPUB's copies of the chapter files wait.
@@ -526,7 +526,7 @@ async fn encode_outputs<A: AudioStore + 'static>(
         .instrument(encode)
         .await?;
         // The EPUB takes its own copy: the upload may move the file (a local store).
-        if let (true, Some(path)) = (opts.epub3, &path) {
+        if let (Some(_), Some(path)) = (opts.epub3, &path) {
             let dir = opts.staging.join(EPUB_AUDIO);
             let copy = dir.join(format!("{ci}.mp3"));
             std::fs::create_dir_all(&dir)
@@ -626,7 +626,7 @@ async fn publish<A: AudioStore + 'static>(
         );
     }
     let (book_subtitles, chapter_subtitles) = write_subtitles(plan, lay, records, rate, opts)?;
-    let epub = write_epub(plan, lay, rate, opts)?;
+    let epub = write_epub(plan, lay, records, rate, opts)?;
     for name in book_subtitles
         .iter()
         .chain(chapter_subtitles.iter().flatten())
@@ -668,6 +668,7 @@ async fn publish<A: AudioStore + 'static>(
             }),
             timings: book_subtitles.iter().find(|f| *f == TIMINGS_FILE).cloned(),
             epub,
+            epub_overlay: opts.epub3.map(|o| o.as_str().to_string()),
             subtitles: book_subtitles
                 .iter()
                 .filter(|f| *f != TIMINGS_FILE)
@@ -723,12 +724,13 @@ async fn publish<A: AudioStore + 'static>(
 fn write_epub(
     plan: &JobPlan,
     lay: &Layout,
+    records: &[SegmentRecord],
     rate: u32,
     opts: &AssembleOptions,
 ) -> Result<Option<String>, PipelineError> {
-    if !opts.epub3 {
+    let Some(overlay) = opts.epub3 else {
         return Ok(None);
-    }
+    };
     let secs = |n: u64| n as f64 / f64::from(rate);
     let chapters = plan
         .chapters
@@ -746,7 +748,22 @@ fn write_epub(
                     .zip(&lay.segments[range])
                     .map(|(s, &(start, n))| {
                         let at = start - cl.book_start;
-                        (s.index, secs(at), secs(at + n))
+                        let words = records
+                            .get(s.index as usize)
+                            .filter(|r| r.index == s.index)
+                            .map_or(&[][..], |r| r.words.as_slice());
+                        crate::epub3::EpubSentence {
+                            index: s.index,
+                            start: secs(at),
+                            end: secs(at + n),
+                            words: words
+                                .iter()
+                                .map(|w| {
+                                    let from = u64::from(w.samples[0]).min(n);
+                                    (w.text[0] as usize..w.text[1] as usize, secs(at + from))
+                                })
+                                .collect(),
+                        }
                     })
                     .collect(),
             }
@@ -757,7 +774,13 @@ fn write_epub(
         .to_string_lossy()
         .into_owned();
     let modified = modified_now();
-    crate::epub3::write_epub3(&opts.staging.join(&name), plan, &chapters, &modified)?;
+    crate::epub3::write_epub3(
+        &opts.staging.join(&name),
+        plan,
+        &chapters,
+        overlay,
+        &modified,
+    )?;
     Ok(Some(name))
 }
 

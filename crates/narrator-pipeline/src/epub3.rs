@@ -27,9 +27,60 @@ pub struct EpubChapter {
     pub audio: PathBuf,
     /// Its length, in seconds.
     pub seconds: f64,
-    /// Per segment of the chapter, in order: (segment index, start, end) in seconds of
-    /// the chapter's audio (its speech, pauses excluded).
-    pub sentences: Vec<(u32, f64, f64)>,
+    /// Its segments, in order.
+    pub sentences: Vec<EpubSentence>,
+}
+
+/// Where one segment is spoken in its chapter's audio.
+#[derive(Debug, Clone)]
+pub struct EpubSentence {
+    /// The segment's index.
+    pub index: u32,
+    /// Its first sample, in seconds of the chapter's audio.
+    pub start: f64,
+    /// The end of its speech (pauses excluded), in seconds.
+    pub end: f64,
+    /// Its words: byte range in the segment's text and start in seconds (empty: not
+    /// known). With word-level overlays each word is a `span` and a clip of its own.
+    pub words: Vec<(std::ops::Range<usize>, f64)>,
+}
+
+/// How fine the Media Overlays are (`--epub-overlay sentence|word`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overlay {
+    #[default]
+    /// One clip per sentence.
+    Sentences,
+    /// One clip per word (per sentence where its words are not known): each from the
+    /// word's start to the next word's, so the clips still cover the whole sentence.
+    Words,
+}
+
+impl Overlay {
+    /// Its name, as `--epub-overlay` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sentences => "sentence",
+            Self::Words => "word",
+        }
+    }
+}
+
+/// An `--epub-overlay` value that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown overlay '{0}': use sentence (a clip per sentence) or word (a clip per word)")]
+pub struct UnknownOverlay(pub String);
+
+impl std::str::FromStr for Overlay {
+    type Err = UnknownOverlay;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "sentence" | "sentences" => Ok(Self::Sentences),
+            "word" | "words" => Ok(Self::Words),
+            _ => Err(UnknownOverlay(s.to_string())),
+        }
+    }
 }
 
 /// `h:mm:ss.fff`, a SMIL clock value (also what `media:duration` takes).
@@ -76,8 +127,45 @@ fn language(plan: &JobPlan) -> String {
         .unwrap_or_else(|| "en".into())
 }
 
+/// A segment's text as XHTML: with word-level overlays, each timed word a `span` of its
+/// own inside the sentence's.
+fn sentence_body(text: &str, index: u32, words: &[(std::ops::Range<usize>, f64)]) -> String {
+    if words.is_empty() {
+        return xml(text);
+    }
+    let mut out = String::new();
+    let mut at = 0;
+    for (k, (range, _)) in words.iter().enumerate() {
+        let (Some(before), Some(word)) = (text.get(at..range.start), text.get(range.clone()))
+        else {
+            return xml(text);
+        };
+        out.push_str(&xml(before));
+        let _ = write!(
+            out,
+            "<span id=\"{}\">{}</span>",
+            word_id(index, k),
+            xml(word)
+        );
+        at = range.end;
+    }
+    out.push_str(&xml(text.get(at..).unwrap_or("")));
+    out
+}
+
+/// The id of a word's `span`.
+fn word_id(index: u32, word: usize) -> String {
+    format!("s{index:06}w{word}")
+}
+
 /// Chapter `ci`'s XHTML: its segments, grouped in paragraphs where the book had them.
-fn chapter_xhtml(plan: &JobPlan, ci: usize, lang: &str) -> String {
+fn chapter_xhtml(
+    plan: &JobPlan,
+    ci: usize,
+    chapter: &EpubChapter,
+    overlay: Overlay,
+    lang: &str,
+) -> String {
     let ch = &plan.chapters[ci];
     let first = ch.first_segment as usize;
     let segments = plan
@@ -86,6 +174,14 @@ fn chapter_xhtml(plan: &JobPlan, ci: usize, lang: &str) -> String {
         .unwrap_or(&[]);
     let mut body = String::new();
     let mut open = false;
+    let words_of = |index: u32| match overlay {
+        Overlay::Words => chapter
+            .sentences
+            .iter()
+            .find(|s| s.index == index)
+            .map_or(&[][..], |s| s.words.as_slice()),
+        Overlay::Sentences => &[],
+    };
     for s in segments {
         if !open {
             body.push_str("    <p>");
@@ -97,7 +193,7 @@ fn chapter_xhtml(plan: &JobPlan, ci: usize, lang: &str) -> String {
             body,
             "<span id=\"{}\">{}</span>",
             sentence_id(s.index),
-            xml(&s.text)
+            sentence_body(&s.text, s.index, words_of(s.index))
         );
         if matches!(s.pause_after, PauseAfter::Paragraph | PauseAfter::Chapter) {
             body.push_str("</p>\n");
@@ -118,23 +214,47 @@ xml:lang=\"{lang}\" lang=\"{lang}\">\n<head>\n  <meta charset=\"UTF-8\"/>\n  <ti
     )
 }
 
-/// Chapter `ci`'s Media Overlay: a `par` per sentence, its text and its clip.
-fn chapter_smil(ci: usize, chapter: &EpubChapter) -> String {
+/// Chapter `ci`'s Media Overlay: a `par` per sentence, its text and its clip; with
+/// word-level overlays a `seq` per sentence of a `par` per word.
+fn chapter_smil(ci: usize, chapter: &EpubChapter, overlay: Overlay) -> String {
     let text = format!("../text/{}", chapter_name(ci, "xhtml"));
     let audio = format!("../audio/{}", chapter_name(ci, "mp3"));
     let mut pars = String::new();
-    for (k, &(index, start, end)) in chapter.sentences.iter().enumerate() {
-        if end <= start {
+    let mut n = 0;
+    let mut par = |out: &mut String, indent: &str, id: &str, begin: f64, end: f64| {
+        let _ = writeln!(
+            out,
+            "{indent}<par id=\"p{n}\"><text src=\"{text}#{id}\"/><audio src=\"{audio}\" \
+             clipBegin=\"{}\" clipEnd=\"{}\"/></par>",
+            clock(begin),
+            clock(end),
+        );
+        n += 1;
+    };
+    for s in &chapter.sentences {
+        if s.end <= s.start {
+            continue;
+        }
+        if overlay == Overlay::Sentences || s.words.is_empty() {
+            par(&mut pars, "    ", &sentence_id(s.index), s.start, s.end);
             continue;
         }
         let _ = writeln!(
             pars,
-            "    <par id=\"p{k}\"><text src=\"{text}#{id}\"/><audio src=\"{audio}\" \
-             clipBegin=\"{begin}\" clipEnd=\"{end}\"/></par>",
-            id = sentence_id(index),
-            begin = clock(start),
-            end = clock(end),
+            "    <seq id=\"q{}\" epub:textref=\"{text}#{}\">",
+            s.index,
+            sentence_id(s.index)
         );
+        for (k, (_, start)) in s.words.iter().enumerate() {
+            // From the sentence's start for the first word, to the next word's start or
+            // the sentence's end: the clips cover the sentence without a gap.
+            let begin = if k == 0 { s.start } else { *start };
+            let end = s.words.get(k + 1).map_or(s.end, |w| w.1);
+            if end > begin {
+                par(&mut pars, "      ", &word_id(s.index, k), begin, end);
+            }
+        }
+        pars.push_str("    </seq>\n");
     }
     format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
@@ -278,11 +398,13 @@ p { margin: 0 0 1em 0; }\n\
 .-epub-media-overlay-active { background-color: #ffe9a8; }\n";
 
 /// Writes the EPUB of `plan` to `path`: `chapters` in the plan's order (one per plan
-/// chapter), `modified` the package's `dcterms:modified` (`CCYY-MM-DDThh:mm:ssZ`).
+/// chapter), overlays as fine as `overlay`, `modified` the package's `dcterms:modified`
+/// (`CCYY-MM-DDThh:mm:ssZ`).
 pub fn write_epub3(
     path: &Path,
     plan: &JobPlan,
     chapters: &[EpubChapter],
+    overlay: Overlay,
     modified: &str,
 ) -> Result<(), PipelineError> {
     if chapters.len() != plan.chapters.len() {
@@ -321,12 +443,12 @@ pub fn write_epub3(
         text(
             &mut zip,
             &format!("OEBPS/text/{}", chapter_name(ci, "xhtml")),
-            &chapter_xhtml(plan, ci, &lang),
+            &chapter_xhtml(plan, ci, chapter, overlay, &lang),
         )?;
         text(
             &mut zip,
             &format!("OEBPS/smil/{}", chapter_name(ci, "smil")),
-            &chapter_smil(ci, chapter),
+            &chapter_smil(ci, chapter, overlay),
         )?;
         // Compressed audio gains nothing from deflate.
         zip.start_file(format!("OEBPS/audio/{}", chapter_name(ci, "mp3")), stored)

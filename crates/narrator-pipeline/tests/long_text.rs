@@ -111,7 +111,7 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
         pauses: Pauses::default(),
         staging: dir.path().join("staging"),
         subtitles: vec![SubtitleFormat::Srt, SubtitleFormat::Vtt],
-        epub3: false,
+        epub3: None,
     };
     let m = assemble(&plan, &records, &stages.store, &aopts, 1.0)
         .await
@@ -214,7 +214,7 @@ async fn a_book_encoded_during_its_synthesis_is_the_book_assembled_after_it() {
         pauses: Pauses::default(),
         staging: out.join("staging"),
         subtitles: vec![SubtitleFormat::Vtt],
-        epub3: false,
+        epub3: None,
     };
     let early = {
         let (plan, store, aopts) = (plan.clone(), stages.store.clone(), aopts(&early_out));

@@ -122,7 +122,13 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
             .map(|f| f.parse())
             .collect::<Result<_, _>>()
             .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?,
-        epub3: stored.settings.epub3,
+        epub3: stored
+            .settings
+            .epub3
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?,
     };
     let segments = records.len();
     let audio_seconds: f64 = records.iter().map(|r| r.audio_seconds).sum();

@@ -354,6 +354,10 @@ pub(crate) struct SubmitArgs {
     /// (`srt,vtt`), written by the assembling worker.
     #[arg(long, value_delimiter = ',')]
     pub(crate) subtitles: Vec<String>,
+    /// With `--format epub3`: the read-along's overlays, `sentence` (each sentence
+    /// highlighted as it is read) or `word` (each word, from the model's timings).
+    #[arg(long, default_value = "sentence", value_parser = parse_overlay)]
+    pub(crate) epub_overlay: narrator_pipeline::epub3::Overlay,
     /// Speaking rate, 0.5 to 2.0: 1.25 speaks 25 % faster (both families). Recorded with
     /// the job: every worker runs its segments at this rate, whatever its own flags.
     #[arg(long, value_parser = parse_speed)]
@@ -511,6 +515,10 @@ pub(crate) struct RunArgs {
     /// (`srt,vtt`). One cue per sentence, split at words where it is long.
     #[arg(long, value_delimiter = ',')]
     pub(crate) subtitles: Vec<String>,
+    /// With `--format epub3`: the read-along's overlays, `sentence` (each sentence
+    /// highlighted as it is read) or `word` (each word, from the model's timings).
+    #[arg(long, default_value = "sentence", value_parser = parse_overlay)]
+    pub(crate) epub_overlay: narrator_pipeline::epub3::Overlay,
     /// Print the final summary as JSON instead of a progress bar and text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -568,6 +576,11 @@ pub(crate) enum VoicesAction {
 }
 
 /// `--speed`: a rate from 0.5 to 2.0.
+fn parse_overlay(s: &str) -> Result<narrator_pipeline::epub3::Overlay, String> {
+    s.parse()
+        .map_err(|e: narrator_pipeline::epub3::UnknownOverlay| e.to_string())
+}
+
 fn parse_speed(s: &str) -> Result<f32, String> {
     let v: f32 = s
         .trim()

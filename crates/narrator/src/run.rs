@@ -106,8 +106,8 @@ struct Request<'a> {
     format: AudioFormat,
     /// One file per chapter too.
     chapter_files: bool,
-    /// A read-along EPUB 3 too.
-    epub3: bool,
+    /// A read-along EPUB 3 too, with overlays this fine.
+    epub3: Option<narrator_pipeline::epub3::Overlay>,
     /// Subtitle files to write.
     subtitles: &'a [narrator_pipeline::SubtitleFormat],
     show_progress: bool,
@@ -173,7 +173,7 @@ async fn produce(
                 .all(|c| c.file.is_some() == (chapter_files && format.supports_chapter_files()))
             && m.book.subtitles.len() == subtitles.len()
             && m.book.subtitles.iter().all(|f| out.join(f).is_file())
-            && m.book.epub.is_some() == epub3
+            && m.book.epub_overlay.as_deref() == epub3.map(|o| o.as_str())
             && m.book.epub.iter().all(|f| out.join(f).is_file())
             && out.join(&m.book.file).is_file()
             && m.chapters
@@ -462,6 +462,7 @@ pub(crate) fn check_chapter_files(format: AudioFormat, chapter_files: bool) -> a
 /// What `--format` names: an audio format, or `epub3` (a read-along EPUB 3, whose audio
 /// is MP3, one file per chapter: the book's MP3 and chapter files come with it). Returns
 /// the audio format, whether there are chapter files, and whether an EPUB is wanted.
+/// (`--epub-overlay` says how fine its overlays are.)
 pub(crate) fn output_format(
     name: &str,
     chapter_files: bool,
@@ -497,6 +498,7 @@ pub(crate) fn subtitle_formats(
 /// `narrator run`.
 pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     let (format, chapter_files, epub3) = output_format(&args.format, args.chapter_files)?;
+    let epub3 = epub3.then_some(args.epub_overlay);
     let subtitles = subtitle_formats(&args.subtitles)?;
     // The voice first: its language decides how the text is read.
     let voice = engine::find_voice(paths, &args.engine)?;
@@ -638,7 +640,7 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         out: work.path(),
         format,
         chapter_files: false,
-        epub3: false,
+        epub3: None,
         subtitles: &[],
         show_progress: false,
         keep_work: false,

@@ -235,21 +235,85 @@ fn word_timings_are_in_step_with_the_audio() {
 /// `--format epub3`: one read-along EPUB 3 that EPUBCheck accepts, its `mimetype` first
 /// and uncompressed; each chapter's audio is that chapter's MP3 file, and its Media
 /// Overlay pairs every sentence's span with the clip timings.json gives it (relative to
-/// the chapter).
+/// the chapter). With `--epub-overlay word` (a rerun into the same folder rebuilds it),
+/// every word has its span and its clip, from its start in timings.json to the next
+/// word's, the clips of a sentence covering it exactly.
 #[test]
 fn epub3_pairs_every_sentence_with_its_clip_and_passes_epubcheck() {
-    use std::io::Read as _;
     let dir = tempfile::tempdir().expect("tmp");
     let out = dir.path().join("book");
-    run_sample(&out, &["--format", "epub3", "--subtitles", "srt"]);
-    let m = manifest(&out);
-    let epub = out.join(
-        m["book"]["epub"]
-            .as_str()
-            .expect("the manifest lists the EPUB"),
-    );
-    media::epubcheck(&epub);
-    let mut zip = zip::ZipArchive::new(std::fs::File::open(&epub).expect("epub")).expect("zip");
+    for overlay in ["sentence", "word"] {
+        run_sample(
+            &out,
+            &[
+                "--format",
+                "epub3",
+                "--subtitles",
+                "srt",
+                "--epub-overlay",
+                overlay,
+            ],
+        );
+        let m = manifest(&out);
+        assert_eq!(m["book"]["epub_overlay"], overlay);
+        let epub = out.join(
+            m["book"]["epub"]
+                .as_str()
+                .expect("the manifest lists the EPUB"),
+        );
+        media::epubcheck(&epub);
+        let timings: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("timings.json")).expect("timings.json"))
+                .expect("json");
+        let sentences = timings["sentences"].as_array().expect("sentences");
+        let clips = epub_clips(&epub, &out, &m);
+        let at = |v: &serde_json::Value, k: &str| v[k].as_f64().expect("seconds");
+        let mut seen = 0;
+        for (index, sentence) in sentences.iter().enumerate() {
+            let mine: Vec<&EpubClip> = clips.iter().filter(|c| c.sentence == index).collect();
+            let (first, last) = (mine.first().expect("a clip"), mine.last().expect("a clip"));
+            assert!(
+                (first.begin - at(sentence, "start")).abs() < 0.0015,
+                "{index}"
+            );
+            assert!((last.end - at(sentence, "end")).abs() < 0.0015, "{index}");
+            for pair in mine.windows(2) {
+                assert!((pair[0].end - pair[1].begin).abs() < 1e-9, "{index}: a gap");
+            }
+            let words = sentence["words"].as_array().expect("words");
+            if overlay == "word" {
+                assert_eq!(mine.len(), words.len(), "{index}: a clip per word");
+                for (k, clip) in mine.iter().enumerate().skip(1) {
+                    assert_eq!(clip.word, Some(k));
+                    assert!(
+                        (clip.begin - at(&words[k], "start")).abs() < 0.0015,
+                        "{index}/{k}"
+                    );
+                }
+            } else {
+                assert_eq!((mine.len(), first.word), (1, None), "{index}");
+            }
+            seen += mine.len();
+        }
+        assert_eq!(seen, clips.len(), "every clip belongs to a sentence");
+    }
+}
+
+/// One `par` of an EPUB's overlays: its sentence, word, and clip in seconds of the book.
+#[derive(Debug)]
+struct EpubClip {
+    sentence: usize,
+    word: Option<usize>,
+    begin: f64,
+    end: f64,
+}
+
+/// Every `par` of the EPUB written into `out` (manifest `m`), checking on the way that
+/// the `mimetype` comes first and uncompressed, that each chapter's audio is its MP3
+/// file byte for byte, and that each `par`'s text is a span of its chapter's XHTML.
+fn epub_clips(epub: &Path, out: &Path, m: &serde_json::Value) -> Vec<EpubClip> {
+    use std::io::Read as _;
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(epub).expect("epub")).expect("zip");
     {
         let first = zip.by_index(0).expect("first entry");
         assert_eq!(first.name().expect("name"), "mimetype");
@@ -261,19 +325,14 @@ fn epub3_pairs_every_sentence_with_its_clip_and_passes_epubcheck() {
         f.read_to_end(&mut bytes).expect("read");
         bytes
     };
-    let timings: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("timings.json")).expect("timings.json"))
-            .expect("json");
-    let sentences = timings["sentences"].as_array().expect("sentences");
-    let mut paired = 0;
-    for (ci, chapter) in m["chapters"]
-        .as_array()
-        .expect("chapters")
-        .iter()
-        .enumerate()
-    {
+    let clock = |v: &str| {
+        let p: Vec<f64> = v.split(':').map(|x| x.parse().expect("number")).collect();
+        p[0] * 3600.0 + p[1] * 60.0 + p[2]
+    };
+    let mut clips = Vec::new();
+    let chapters = m["chapters"].as_array().expect("chapters");
+    for (ci, chapter) in chapters.iter().enumerate() {
         let n = ci + 1;
-        // The chapter's audio is its MP3 file, byte for byte.
         let audio = read(&format!("OEBPS/audio/ch{n:03}.mp3"));
         let file = out.join(chapter["file"].as_str().expect("chapter file"));
         assert!(
@@ -288,27 +347,22 @@ fn epub3_pairs_every_sentence_with_its_clip_and_passes_epubcheck() {
                 let at = par.find(&format!("{name}=\"")).expect(name) + name.len() + 2;
                 par[at..].split('"').next().expect("value").to_string()
             };
-            let id = attr("src")
-                .rsplit('#')
-                .next()
-                .expect("fragment")
-                .to_string();
+            let src = attr("src");
+            let id = src.rsplit('#').next().expect("fragment");
             assert!(xhtml.contains(&format!("<span id=\"{id}\">")), "{id}");
-            let index: usize = id[1..].parse().expect("index");
-            let clock = |v: String| {
-                let p: Vec<f64> = v.split(':').map(|x| x.parse().expect("number")).collect();
-                p[0] * 3600.0 + p[1] * 60.0 + p[2]
+            let (sentence, word) = match id[1..].split_once('w') {
+                Some((s, w)) => (s, Some(w.parse().expect("word"))),
+                None => (&id[1..], None),
             };
-            let sentence = &sentences[index];
-            let (begin, end) = (clock(attr("clipBegin")), clock(attr("clipEnd")));
-            let want = sentence["start"].as_f64().expect("start") - origin;
-            assert!((begin - want).abs() < 0.0015, "{id}: {begin} vs {want}");
-            let want = sentence["end"].as_f64().expect("end") - origin;
-            assert!((end - want).abs() < 0.0015, "{id}: {end} vs {want}");
-            paired += 1;
+            clips.push(EpubClip {
+                sentence: sentence.parse().expect("index"),
+                word,
+                begin: origin + clock(&attr("clipBegin")),
+                end: origin + clock(&attr("clipEnd")),
+            });
         }
     }
-    assert_eq!(paired, sentences.len(), "every sentence has its clip");
+    clips
 }
 
 #[test]

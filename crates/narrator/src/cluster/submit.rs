@@ -141,7 +141,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             .map(|f| f.extension().to_string())
             .collect(),
         speed: args.speed,
-        epub3,
+        epub3: epub3.then(|| args.epub_overlay.as_str().to_string()),
     };
     let pool = cluster::database(&args.services).await?;
     let conn = cluster::broker(&args.services, "narrator-submit").await?;
