@@ -148,6 +148,7 @@ mod tests {
                 pause_after: PauseAfter::Paragraph,
                 speaker: 0,
                 speed: None,
+                timed: false,
             },
             enqueued_at_ms: 42,
             cluster: Some("c1".into()),

@@ -47,6 +47,7 @@ fn msg(job: &str, voice: &str, index: u32) -> SegmentMessage {
             pause_after: PauseAfter::Sentence,
             speaker: 0,
             speed: None,
+            timed: false,
         },
     )
 }

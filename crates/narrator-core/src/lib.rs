@@ -54,10 +54,20 @@ pub struct Segment {
     /// whatever its own flags say. `None`: the rate the engine was loaded with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speed: Option<f32>,
+    /// Its words are timed (the job asked for subtitles or an EPUB): mapping phonemes to
+    /// words costs espeak-ng a synthesis pass, about 25 times the phonemizing alone, so
+    /// it is done only when a job will use it. Set like `speed`: by `run` from its
+    /// flags, by a worker from the job's row.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub timed: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A chapter as planned: its title and its range of segments.

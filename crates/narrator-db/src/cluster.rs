@@ -25,6 +25,7 @@ pub(crate) fn segment_row(r: &PgRow) -> Result<Segment, DbError> {
         pause_after: parse_pause(&pause)?,
         speaker: unsigned("speaker", i64::from(r.try_get::<i32, _>("speaker")?))?,
         speed: None,
+        timed: false,
     })
 }
 
@@ -127,6 +128,8 @@ pub struct DeliveryHistory {
     /// The speaking rate its job was submitted with (`submit --speed`), if any: the
     /// rate is the job's, read here rather than trusted from the message.
     pub speed: Option<f32>,
+    /// Its job wants word timings (subtitles or an EPUB in its settings).
+    pub timed: bool,
 }
 
 /// [`check_segments`] for a worker process `instance`, noticing crashes: a segment whose
@@ -167,7 +170,8 @@ pub async fn check_deliveries(
            (s.engine_by IS NOT NULL AND s.engine_by <> $4 AND (i.returned OR NOT EXISTS ( \
               SELECT 1 FROM workers w WHERE w.instance = s.engine_by \
                 AND w.last_seen > now() - make_interval(secs => coalesce(w.stale_after_s, $5))))) AS crashed, \
-           i.returned, (j.settings->>'speed')::float4 AS speed \
+           i.returned, (j.settings->>'speed')::float4 AS speed, \
+           coalesce(j.settings ? 'subtitles' OR j.settings ? 'epub3', false) AS timed \
          FROM unnest($1::uuid[], $2::int4[], $3::bool[], $6::text[], $7::int8[]) \
            WITH ORDINALITY AS i(job_id, idx, returned, text, speaker, n) \
          LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
@@ -224,6 +228,7 @@ pub async fn check_deliveries(
             engine_crashes: crashes,
             returns,
             speed: row.try_get("speed")?,
+            timed: row.try_get("timed")?,
         });
     }
     if !crashed_keys.is_empty() || !returned_keys.is_empty() {

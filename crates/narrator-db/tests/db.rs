@@ -47,6 +47,7 @@ fn plan(chapters: u32, per: u32) -> JobPlan {
                 // Stored and read back per segment (multi-speaker voices).
                 speaker: c % 2,
                 speed: None,
+                timed: false,
             });
         }
     }

@@ -1093,6 +1093,7 @@ mod tests {
             pause_after,
             speaker: 0,
             speed: None,
+            timed: false,
         };
         JobPlan {
             job_id: "j".into(),

@@ -187,6 +187,7 @@ fn segment(text: &str) -> Segment {
         pause_after: PauseAfter::Sentence,
         speaker: 0,
         speed: None,
+        timed: false,
     }
 }
 

@@ -53,6 +53,7 @@ pub fn calibration_items(synth: &Synthesizer, tokens: usize) -> Result<Vec<i64>,
         pause_after: narrator_core::PauseAfter::Paragraph,
         speaker: 0,
         speed: None,
+        timed: false,
     };
     let p = synth.prepare(seg)?;
     let ids: Vec<i64> = p.utterances.concat();

@@ -114,6 +114,40 @@ impl JournalStateStore {
     }
 }
 
+impl JournalStateStore {
+    /// Drops from the journal at `path` (if any) the records of segments that were made
+    /// without word timings although they had something to say: a job that now wants
+    /// words (subtitles, an EPUB) makes them again instead of resuming them untimed. The
+    /// journal is rewritten whole (a temporary file renamed over it) before it is opened.
+    /// Returns how many were dropped.
+    pub fn forget_untimed(path: &Path) -> Result<usize, SeamError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io_err("state_io", "cannot read", path, e)),
+        };
+        let mut kept = String::with_capacity(text.len());
+        let mut dropped = 0;
+        for line in text.lines() {
+            let untimed = serde_json::from_str::<SegmentRecord>(line)
+                .is_ok_and(|r| r.words.is_empty() && r.phoneme_ids > 0);
+            if untimed {
+                dropped += 1;
+            } else {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        if dropped > 0 {
+            let tmp = path.with_extension("jsonl.tmp");
+            std::fs::write(&tmp, kept)
+                .and_then(|()| std::fs::rename(&tmp, path))
+                .map_err(|e| io_err("state_io", "cannot rewrite", path, e))?;
+        }
+        Ok(dropped)
+    }
+}
+
 impl StateStore for JournalStateStore {
     async fn record_segment(&self, _job: &str, record: &SegmentRecord) -> Result<(), SeamError> {
         let mut line = serde_json::to_vec(record).map_err(|e| {

@@ -61,6 +61,7 @@ pub fn plan_job(
                     pause_after,
                     speaker: id.speaker,
                     speed: None,
+                    timed: false,
                 });
             }
         }

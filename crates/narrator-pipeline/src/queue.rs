@@ -161,6 +161,7 @@ mod tests {
             pause_after: PauseAfter::Sentence,
             speaker: 0,
             speed: None,
+            timed: false,
         }
     }
 

@@ -339,9 +339,17 @@ impl Synthesizer {
     /// Phonemizes one segment (blocking: call from a blocking thread).
     pub fn prepare(&self, segment: Segment) -> Result<Prepared, PipelineError> {
         let _running = self.begin(Work::Phonemize);
-        let phonemized = self
-            .phonemizer
-            .phonemize_words(self.family.espeak_voice(), &segment.text)?;
+        let voice = self.family.espeak_voice();
+        let phonemized = if segment.timed {
+            self.phonemizer.phonemize_words(voice, &segment.text)?
+        } else {
+            let sentences = self.phonemizer.phonemize(voice, &segment.text)?;
+            narrator_phonemes::Phonemized {
+                owners: sentences.iter().map(|s| vec![None; s.len()]).collect(),
+                sentences,
+                words: Vec::new(),
+            }
+        };
         let mut utterances = Vec::new();
         let mut id_words = Vec::new();
         let mut unknown = Vec::new();

@@ -569,6 +569,7 @@ async fn each_utterance_reaches_the_engine_with_its_segments_speaker() {
             pause_after: narrator_core::PauseAfter::Sentence,
             speaker: [3, 0, 7][i],
             speed: None,
+            timed: false,
         };
         let p = synth.prepare(segment).expect("prepare");
         expected.extend(

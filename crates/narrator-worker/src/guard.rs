@@ -222,9 +222,11 @@ impl GuardedQueue {
                         // Canonical from here on: store keys, records and clean-up name a
                         // job one way (`{…}`, `urn:uuid:` or upper-case forms parse too).
                         job_id: job.to_string(),
-                        // At the job's rate, as recorded (a message's own is ignored).
+                        // At the job's rate, timed if the job wants words, as recorded
+                        // (a message's own settings are ignored).
                         segment: Segment {
                             speed: history.speed,
+                            timed: history.timed,
                             ..d.segment
                         },
                         attempt: d.attempt,

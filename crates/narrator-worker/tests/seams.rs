@@ -184,6 +184,7 @@ fn forged_messages_are_dead_lettered_alone() {
                     pause_after: narrator_core::PauseAfter::Sentence,
                     speaker: 0,
                     speed: None,
+                    timed: false,
                 },
             )
             .in_lane(narrator_broker::lane_of(0))

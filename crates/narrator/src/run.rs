@@ -140,7 +140,7 @@ async fn produce(
         Some(s) => voice.family.speaker_id(&voice.name, s)?,
         None => 0,
     };
-    let plan = plan_job(
+    let mut plan = plan_job(
         doc,
         source,
         fallback_title,
@@ -151,6 +151,11 @@ async fn produce(
             speaker,
         },
     );
+    // Words are timed only for outputs that use them (espeak-ng's word pass costs).
+    let timed = !subtitles.is_empty() || epub3.is_some();
+    for s in &mut plan.segments {
+        s.timed = timed;
+    }
     if plan.segments.is_empty() {
         bail!("{source} has nothing speakable after cleaning; check that it holds readable text");
     }
@@ -233,6 +238,10 @@ async fn produce(
         work.join("segments"),
         out.to_path_buf(),
     )?);
+    if timed {
+        // Segments an earlier run made without words are made again, timed.
+        JournalStateStore::forget_untimed(&work.join("journal.jsonl"))?;
+    }
     let state = Arc::new(JournalStateStore::open(work.join("journal.jsonl"))?);
 
     let started = Instant::now();

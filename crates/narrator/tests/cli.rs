@@ -216,13 +216,24 @@ fn subtitles_are_timed_by_the_layout_and_read_by_ffmpeg() {
 /// sentence, in order, inside its sentence's speech; the book's audio agrees with them
 /// (the words are loud; the pauses between words, 150 ms or more after a comma or a
 /// colon, are near silent: a word start off by a phoneme would put speech in them);
-/// the WebVTT stamps the words inline and FFmpeg reads it.
+/// the WebVTT stamps the words inline and FFmpeg reads it. Words are timed only for a
+/// job that asks for subtitles (or an EPUB): a folder made without them is made again,
+/// timed, when they are asked for.
 #[test]
 fn word_timings_are_in_step_with_the_audio() {
     let dir = tempfile::tempdir().expect("tmp");
     let out = dir.path().join("book");
-    let args = ["--format", "wav", "--subtitles", "vtt"];
+    // Without subtitles no word is timed (espeak-ng's word pass is skipped)...
+    run_sample(
+        &out,
+        &[&["--format", "wav", "--keep-work"][..], &DET[..]].concat(),
+    );
+    let journal = || std::fs::read_to_string(out.join(".narrator/journal.jsonl")).expect("journal");
+    assert!(!journal().contains("\"words\""), "untimed segments");
+    // ...and asking for them in the same folder makes those segments again, timed.
+    let args = ["--format", "wav", "--subtitles", "vtt", "--keep-work"];
     run_sample(&out, &[&args[..], &DET[..]].concat());
+    assert!(journal().contains("\"words\""));
     let w = common::word_timings(&out);
     assert!(
         w.pauses >= 5,
