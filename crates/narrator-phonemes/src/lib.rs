@@ -113,8 +113,9 @@ impl Phonemizer {
     }
 
     /// [`Phonemizer::phonemize`] with the word of the text each phoneme was said for
-    /// (from espeak-ng's synthesis events: about ten times the time of phonemizing
-    /// alone, still a few percent of a model's).
+    /// (from espeak-ng's synthesis events: about 25 times the time of phonemizing alone,
+    /// measured on all of Alice by `examples/phonemize_speed.rs`; about 1,000 times real
+    /// time on one core, inside the global lock).
     pub fn phonemize_words(
         &self,
         espeak_voice: &str,
