@@ -921,7 +921,8 @@ fn each_job_runs_at_its_own_submitted_speed_on_a_worker_that_batches_them_togeth
 /// Issue 30, item 4: a book made by workers is timed as if made by one `run`: every
 /// sentence and every word at the same samples (noise 0 on both sides); asked for as a
 /// read-along EPUB 3 with word overlays (from the words the workers recorded), the
-/// assembler writes one that EPUBCheck accepts.
+/// assembler writes one that EPUBCheck accepts; from an EPUB input, one that keeps the
+/// source's stylesheet, images and classes.
 #[test]
 fn a_book_made_by_workers_is_timed_like_the_same_book_made_by_run() {
     // Deterministic durations (noise 0) on both sides: the same text and voice must give
@@ -986,4 +987,15 @@ fn a_book_made_by_workers_is_timed_like_the_same_book_made_by_run() {
         assert!(!words.is_empty(), "{x}");
         assert_eq!(x["words"], y["words"], "words of sentence {}", x["index"]);
     }
+
+    // From an EPUB, the assembler shows the book as it looked: its stylesheet, images
+    // and classes, kept with the job at submission.
+    let source = w.tmp.path().join("harbour.epub");
+    narrator_test_support::media::harbour_epub(&source);
+    let job = w.submit(&source, &["--format", "epub3"]);
+    w.wait_state(job, JobState::Done, Duration::from_secs(240));
+    let epub = w.tmp.path().join("harbour-read-along.epub");
+    std::fs::write(&epub, w.s3_get(&output_key(&w.status(job), "epub"))).expect("write epub");
+    narrator_test_support::media::epubcheck(&epub);
+    narrator_test_support::media::assert_harbour_looks_kept(&epub);
 }

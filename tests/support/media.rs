@@ -1,6 +1,7 @@
 //! Audio files read back by an independent reader: FFmpeg's `ffprobe` and `ffmpeg`
 //! (Debian's ffmpeg package, installed by ops/setup.sh), never the libraries' calls
-//! that wrote them.
+//! that wrote them; EPUBs checked by EPUBCheck; and the test books in formats other
+//! than text (an EPUB with a stylesheet and images).
 
 use std::path::Path;
 use std::process::Command;
@@ -165,4 +166,84 @@ pub fn epubcheck(path: &Path) -> String {
         "EPUBCheck: {report}"
     );
     report
+}
+
+/// A two-chapter EPUB 3 with an author, a cover, a stylesheet (whose `url()` names an
+/// image) and an illustration before a paragraph with a class.
+pub fn harbour_epub(path: &Path) {
+    use std::io::Write;
+    let f = std::fs::File::create(path).expect("create");
+    let mut z = zip::ZipWriter::new(f);
+    let opt = zip::write::SimpleFileOptions::default();
+    for image in ["OEBPS/cover.png", "OEBPS/art/boat at dawn.png"] {
+        z.start_file(image, opt).expect("entry");
+        z.write_all(&PNG).expect("write");
+    }
+    let mut put = |name: &str, body: &str| {
+        z.start_file(name, opt).expect("entry");
+        z.write_all(body.as_bytes()).expect("write");
+    };
+    put("mimetype", "application/epub+zip");
+    put(
+        "META-INF/container.xml",
+        r#"<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container"><rootfiles><rootfile full-path="OEBPS/book.opf" media-type="application/oebps-package+xml"/></rootfiles></container>"#,
+    );
+    put(
+        "OEBPS/book.opf",
+        r#"<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0"><metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>Harbour Notes</dc:title><dc:creator>Ada Quay</dc:creator><dc:language>en</dc:language><dc:date>1901</dc:date><dc:publisher>Tide Press</dc:publisher></metadata><manifest><item id="cv" href="cover.png" media-type="image/png" properties="cover-image"/><item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/><item id="css" href="css/harbour.css" media-type="text/css"/><item id="boat" href="art/boat%20at%20dawn.png" media-type="image/png"/><item id="a" href="a.xhtml" media-type="application/xhtml+xml"/><item id="b" href="b.xhtml" media-type="application/xhtml+xml"/></manifest><spine><itemref idref="a"/><itemref idref="b"/></spine></package>"#,
+    );
+    put(
+        "OEBPS/nav.xhtml",
+        r#"<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml" xmlns:epub="http://www.idpf.org/2007/ops"><body><nav epub:type="toc"><ol><li><a href="a.xhtml">Morning Tide</a></li><li><a href="b.xhtml">Evening Tide</a></li></ol></nav></body></html>"#,
+    );
+    put(
+        "OEBPS/a.xhtml",
+        r#"<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><head><title>a</title><link rel="stylesheet" type="text/css" href="css/harbour.css"/></head><body><h1>Morning Tide</h1><div class="plate"><img src="art/boat%20at%20dawn.png" alt="A boat at dawn"/></div><p class="first">The boats went out before dawn. Gulls followed them.</p></body></html>"#,
+    );
+    put(
+        "OEBPS/css/harbour.css",
+        ".first { text-indent: 0 }\n.plate { background: url(../art/boat%20at%20dawn.png) }\n",
+    );
+    put(
+        "OEBPS/b.xhtml",
+        r#"<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body><h1>Evening Tide</h1><p>By dusk the harbour was full again.</p></body></html>"#,
+    );
+    z.finish().expect("finish");
+}
+
+/// Checks that the read-along EPUB made from [`harbour_epub`] kept its looks: the
+/// stylesheet and illustration byte for byte at their archive paths, linked and shown
+/// where the book had them, the paragraph's class; the second chapter, which had none,
+/// shows none.
+pub fn assert_harbour_looks_kept(epub: &Path) {
+    use std::io::Read as _;
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(epub).expect("epub")).expect("zip");
+    let mut entry = |name: &str| {
+        let mut bytes = Vec::new();
+        zip.by_name(name)
+            .unwrap_or_else(|e| panic!("{name} in the EPUB: {e}"))
+            .read_to_end(&mut bytes)
+            .expect("read");
+        bytes
+    };
+    assert_eq!(entry("OEBPS/source/OEBPS/art/boat at dawn.png"), PNG);
+    let css = String::from_utf8(entry("OEBPS/source/OEBPS/css/harbour.css")).expect("css");
+    assert!(css.contains(".first { text-indent: 0 }"), "{css}");
+    let first = String::from_utf8(entry("OEBPS/text/ch001.xhtml")).expect("xhtml");
+    assert!(
+        first.contains(r#"href="../source/OEBPS/css/harbour.css""#),
+        "the chapter links the book's stylesheet: {first}"
+    );
+    let image = first
+        .find(r#"<img src="../source/OEBPS/art/boat%20at%20dawn.png" alt="A boat at dawn"/>"#)
+        .expect("the illustration, where the book had it");
+    let paragraph = first
+        .find(r#"<p class="first"><span id="s000000">"#)
+        .expect("the paragraph keeps its class");
+    assert!(image < paragraph, "the image comes before the paragraph");
+    let second = String::from_utf8(entry("OEBPS/text/ch002.xhtml")).expect("xhtml");
+    assert!(
+        !second.contains("harbour.css") && !second.contains("<img"),
+        "the second chapter links no stylesheet and shows no image: {second}"
+    );
 }

@@ -71,7 +71,7 @@ fn is_false(b: &bool) -> bool {
 }
 
 /// A chapter as planned: its title and its range of segments.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChapterPlan {
     /// Chapter title.
     pub title: String,
@@ -79,7 +79,58 @@ pub struct ChapterPlan {
     pub first_segment: u32,
     /// Number of segments.
     pub segment_count: u32,
+    /// How each of its paragraphs looked in the source EPUB, in order (one per
+    /// paragraph; empty for other inputs, or when the job writes no read-along EPUB).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocks: Vec<SourceBlock>,
+    /// The source's stylesheets this chapter's pages linked (paths in
+    /// [`BookMeta::resources`]), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stylesheets: Vec<String>,
+    /// Images after its last paragraph.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images_after: Vec<SourceImage>,
 }
+
+/// How one paragraph looked in the source EPUB: its element, its class and the images
+/// shown before it. The read-along EPUB shows it the same way, with the source's
+/// stylesheets and images.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceBlock {
+    /// The XHTML element, lower case (`p`, `h2`, `blockquote`...).
+    pub tag: String,
+    /// Its `class` attribute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// Images that came before it (since the previous paragraph).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<SourceImage>,
+}
+
+/// An image of the source EPUB, where its text shows one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceImage {
+    /// Its path in [`BookMeta::resources`].
+    pub src: String,
+    /// Its text alternative.
+    #[serde(default)]
+    pub alt: String,
+}
+
+/// A stylesheet, image or font of the source EPUB, kept for the read-along EPUB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceFile {
+    /// Its path in the source archive (`OEBPS/Styles/book.css`); paths relative to each
+    /// other as in the source, so the stylesheets' `url()`s still resolve.
+    pub path: String,
+    /// Its media type, as the source's package declared it.
+    pub mime: String,
+    /// Its bytes.
+    pub data: std::sync::Arc<Vec<u8>>,
+}
+
+/// Most bytes of stylesheets, images and fonts kept from a source EPUB.
+pub const MAX_SOURCE_FILES_BYTES: u64 = 64 << 20;
 
 /// Everything decided before synthesis starts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -128,6 +179,10 @@ pub struct BookMeta {
     /// the job and embedded in the audio files.
     #[serde(skip)]
     pub cover: Option<Cover>,
+    /// The source EPUB's stylesheets, images and fonts, for the read-along EPUB (empty
+    /// unless one is asked for). Not part of the JSON forms: stored beside the job.
+    #[serde(skip)]
+    pub resources: Vec<SourceFile>,
 }
 
 impl BookMeta {

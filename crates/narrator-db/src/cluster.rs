@@ -128,7 +128,8 @@ pub struct DeliveryHistory {
     /// The speaking rate its job was submitted with (`submit --speed`), if any: the
     /// rate is the job's, read here rather than trusted from the message.
     pub speed: Option<f32>,
-    /// Its job wants word timings (subtitles or an EPUB in its settings).
+    /// Its job wants word timings (subtitles or an EPUB with word overlays in its
+    /// settings).
     pub timed: bool,
 }
 
@@ -171,7 +172,7 @@ pub async fn check_deliveries(
               SELECT 1 FROM workers w WHERE w.instance = s.engine_by \
                 AND w.last_seen > now() - make_interval(secs => coalesce(w.stale_after_s, $5))))) AS crashed, \
            i.returned, (j.settings->>'speed')::float4 AS speed, \
-           coalesce(j.settings ? 'subtitles' OR j.settings ? 'epub3', false) AS timed \
+           coalesce(j.settings ? 'subtitles' OR j.settings->>'epub3' = 'word', false) AS timed \
          FROM unnest($1::uuid[], $2::int4[], $3::bool[], $6::text[], $7::int8[]) \
            WITH ORDINALITY AS i(job_id, idx, returned, text, speaker, n) \
          LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
@@ -501,6 +502,19 @@ pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
             mime,
             data: std::sync::Arc::new(data),
         });
+    meta.resources = sqlx::query_as::<_, (String, String, Vec<u8>)>(
+        "SELECT path, mime, data FROM job_resources WHERE job_id = $1 ORDER BY path",
+    )
+    .bind(job)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|(path, mime, data)| narrator_core::SourceFile {
+        path,
+        mime,
+        data: std::sync::Arc::new(data),
+    })
+    .collect();
     let segments = sqlx::query(
         "SELECT idx, chapter, text, pause_after, speaker FROM segments WHERE job_id = $1 \
          ORDER BY idx",

@@ -160,6 +160,24 @@ pub async fn create_job(
     .execute(&mut *tx)
     .await
     .map_err(|e| DbError::on_job(id, e))?;
+    if !plan.meta.resources.is_empty() {
+        let files = &plan.meta.resources;
+        let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+        let mimes: Vec<&str> = files.iter().map(|f| f.mime.as_str()).collect();
+        let data: Vec<&[u8]> = files.iter().map(|f| f.data.as_slice()).collect();
+        sqlx::query(
+            "INSERT INTO job_resources (job_id, path, mime, data) \
+             SELECT $1, u.path, u.mime, u.data \
+             FROM UNNEST($2::text[], $3::text[], $4::bytea[]) AS u(path, mime, data)",
+        )
+        .bind(id)
+        .bind(&paths)
+        .bind(&mimes)
+        .bind(&data)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| DbError::on_job(id, e))?;
+    }
     tx.commit().await?;
     Ok(id)
 }

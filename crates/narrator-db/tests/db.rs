@@ -33,6 +33,19 @@ fn plan(chapters: u32, per: u32) -> JobPlan {
             title: format!("Chapter {}", c + 1),
             first_segment: c * per,
             segment_count: per,
+            blocks: vec![
+                narrator_core::SourceBlock {
+                    tag: "p".into(),
+                    class: Some("first".into()),
+                    images: vec![narrator_core::SourceImage {
+                        src: "OEBPS/Images/tea party.png".into(),
+                        alt: "The tea party".into(),
+                    }],
+                };
+                per as usize
+            ],
+            stylesheets: vec!["OEBPS/Styles/book.css".into()],
+            images_after: Vec::new(),
         });
         for i in 0..per {
             segments.push(Segment {
@@ -68,6 +81,19 @@ fn plan(chapters: u32, per: u32) -> JobPlan {
                 mime: "image/jpeg".into(),
                 data: std::sync::Arc::new(vec![0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3]),
             }),
+            // A source EPUB's looks, for a read-along EPUB (kept beside the job).
+            resources: vec![
+                narrator_core::SourceFile {
+                    path: "OEBPS/Images/tea party.png".into(),
+                    mime: "image/png".into(),
+                    data: std::sync::Arc::new(b"\x89PNG\r\n\x1a\n...".to_vec()),
+                },
+                narrator_core::SourceFile {
+                    path: "OEBPS/Styles/book.css".into(),
+                    mime: "text/css".into(),
+                    data: std::sync::Arc::new(b"p.first { text-indent: 0 }".to_vec()),
+                },
+            ],
         },
         lexicon: Some("Cheshire = Chesh-er\n".into()),
     }
@@ -120,7 +146,11 @@ async fn a_job_is_recorded_with_its_segments_and_completes_on_the_last(pool: PgP
     assert!(s.summary.latency_seconds.is_none() && s.summary.rtf.is_none());
     // The book's metadata and cover come back for the assembler.
     let stored = narrator_db::load_job(&pool, job).await.expect("load");
-    assert_eq!(stored.plan.meta, p.meta);
+    assert_eq!(stored.plan.meta, p.meta, "source files included");
+    assert_eq!(
+        stored.plan.chapters, p.chapters,
+        "how paragraphs looked included"
+    );
     assert_eq!(stored.plan.lexicon, p.lexicon);
     assert_eq!(stored.plan.segments, p.segments, "speakers included");
     assert_eq!(stored.plan.title, "Alice");

@@ -95,9 +95,9 @@ unsafe extern "C" {
 /// What synthesis reported about the text, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SynthEvent {
-    /// A word starts: its first character (0-based, in characters of the text) and its
-    /// length in characters.
-    Word { char_start: usize, chars: usize },
+    /// A word starts: its first character (0-based, in characters of the text). Words
+    /// end where the next begins (the length espeak-ng reports is not needed).
+    Word { char_start: usize },
     /// A phoneme of the current word, by its IPA name (without stress marks).
     Phoneme(String),
 }
@@ -130,7 +130,6 @@ unsafe extern "C" fn collect_events(
             match e.kind {
                 EVENT_WORD => out.push(SynthEvent::Word {
                     char_start: usize::try_from(e.text_position.max(1) - 1).unwrap_or(0),
-                    chars: usize::try_from(e.length.max(0)).unwrap_or(0),
                 }),
                 EVENT_PHONEME => {
                     // SAFETY: phoneme events use the `string` member: up to 8 bytes,

@@ -190,10 +190,7 @@ mod tests {
     }
 
     fn word(at: usize) -> SynthEvent {
-        SynthEvent::Word {
-            char_start: at,
-            chars: 1,
-        }
+        SynthEvent::Word { char_start: at }
     }
 
     fn ph(name: &str) -> SynthEvent {

@@ -748,10 +748,7 @@ fn write_epub(
                     .zip(&lay.segments[range])
                     .map(|(s, &(start, n))| {
                         let at = start - cl.book_start;
-                        let words = records
-                            .get(s.index as usize)
-                            .filter(|r| r.index == s.index)
-                            .map_or(&[][..], |r| r.words.as_slice());
+                        let words = record_words(records, s.index);
                         crate::epub3::EpubSentence {
                             index: s.index,
                             start: secs(at),
@@ -784,6 +781,15 @@ fn write_epub(
     Ok(Some(name))
 }
 
+/// Segment `index`'s words, from its record (in the segment's own samples); none when
+/// its record has none.
+fn record_words(records: &[SegmentRecord], index: u32) -> &[narrator_core::WordTiming] {
+    records
+        .get(index as usize)
+        .filter(|r| r.index == index)
+        .map_or(&[][..], |r| r.words.as_slice())
+}
+
 /// Now as `CCYY-MM-DDThh:mm:ssZ` (UTC), what `dcterms:modified` takes.
 fn modified_now() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
@@ -807,13 +813,6 @@ fn write_subtitles(
         return Ok((Vec::new(), vec![Vec::new(); lay.chapters.len()]));
     }
     let secs = |n: u64| n as f64 / f64::from(rate);
-    // Each segment's words, from its record (the segment's own samples).
-    let words_of = |index: u32| {
-        records
-            .get(index as usize)
-            .filter(|r| r.index == index)
-            .map_or(&[][..], |r| r.words.as_slice())
-    };
     let spoken = |range: std::ops::Range<usize>, origin: u64| {
         let parts = plan.segments[range.clone()]
             .iter()
@@ -822,7 +821,7 @@ fn write_subtitles(
                 text: s.text.as_str(),
                 start: secs(start - origin),
                 seconds: secs(n),
-                words: words_of(s.index)
+                words: record_words(records, s.index)
                     .iter()
                     .map(|w| {
                         let at = |k: u32| secs(start - origin + u64::from(k).min(n));
@@ -868,7 +867,7 @@ fn write_subtitles(
                 end_sample: start + n,
                 start: secs(start),
                 end: secs(start + n),
-                words: words_of(s.index)
+                words: record_words(records, s.index)
                     .iter()
                     .map(|w| {
                         let (a, b) = (
@@ -1105,11 +1104,13 @@ mod tests {
                     title: "CHAPTER I. Down".into(),
                     first_segment: 0,
                     segment_count: 2,
+                    ..ChapterPlan::default()
                 },
                 ChapterPlan {
                     title: "Two".into(),
                     first_segment: 2,
                     segment_count: 1,
+                    ..ChapterPlan::default()
                 },
             ],
             segments: vec![

@@ -7,6 +7,11 @@
 //! and `media:duration` for each overlay and the whole book, as EPUB 3.3 asks.
 //!
 //! The text is what was spoken (after normalization and lexicons), as in the subtitles.
+//! From an EPUB input read with `keep_looks`, each paragraph is shown as the element and
+//! class it had, with the images before it, and the chapter links the stylesheets its
+//! pages linked: the source's stylesheets, images and fonts are carried under `source/`
+//! at their archive paths, so the stylesheets' own `url()`s still resolve. Inline markup
+//! (emphasis, links) is not kept: a sentence can cross it.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -158,7 +163,62 @@ fn word_id(index: u32, word: usize) -> String {
     format!("s{index:06}w{word}")
 }
 
-/// Chapter `ci`'s XHTML: its segments, grouped in paragraphs where the book had them.
+/// The element a source paragraph is shown as: its own where XHTML allows it with
+/// spans inside, else `p` (list items, table cells and the like, out of their lists).
+fn block_tag(tag: &str) -> &str {
+    match tag {
+        "p" | "h1" | "h2" | "h3" | "h4" | "h5" | "h6" | "blockquote" | "pre" | "address"
+        | "div" => tag,
+        _ => "p",
+    }
+}
+
+/// Image types every reading system shows (EPUB core media types).
+fn is_core_image(mime: &str) -> bool {
+    matches!(
+        mime,
+        "image/jpeg" | "image/png" | "image/gif" | "image/svg+xml"
+    )
+}
+
+/// A kept source file's place in the EPUB, relative to its package document.
+fn source_href(path: &str) -> String {
+    let mut out = String::from("source/");
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// Whether `path` is a kept source file of `mime`-kind `is_kind`.
+fn kept(plan: &JobPlan, path: &str, is_kind: impl Fn(&str) -> bool) -> bool {
+    plan.meta
+        .resources
+        .iter()
+        .any(|f| f.path == path && is_kind(&f.mime))
+}
+
+/// The source's images, each in a `div` of its own (those that were kept).
+fn images_xhtml(plan: &JobPlan, images: &[narrator_core::SourceImage], out: &mut String) {
+    for image in images {
+        if kept(plan, &image.src, is_core_image) {
+            let _ = writeln!(
+                out,
+                "    <div class=\"narrator-image\"><img src=\"../{}\" alt=\"{}\"/></div>",
+                xml(&source_href(&image.src)),
+                xml(&image.alt)
+            );
+        }
+    }
+}
+
+/// Chapter `ci`'s XHTML: its title, then its segments grouped in paragraphs where the
+/// book had them; from an EPUB that kept its looks, each paragraph as the element and
+/// class it was, its images, and its stylesheets.
 fn chapter_xhtml(
     plan: &JobPlan,
     ci: usize,
@@ -172,42 +232,77 @@ fn chapter_xhtml(
         .segments
         .get(first..first + ch.segment_count as usize)
         .unwrap_or(&[]);
+    let paragraphs = segments
+        .iter()
+        .filter(|s| matches!(s.pause_after, PauseAfter::Paragraph | PauseAfter::Chapter))
+        .count();
+    let blocks = (ch.blocks.len() == paragraphs).then_some(ch.blocks.as_slice());
+    let timed: std::collections::HashMap<u32, &EpubSentence> =
+        chapter.sentences.iter().map(|t| (t.index, t)).collect();
     let mut body = String::new();
-    let mut open = false;
-    let words_of = |index: u32| match overlay {
-        Overlay::Words => chapter
-            .sentences
-            .iter()
-            .find(|s| s.index == index)
-            .map_or(&[][..], |s| s.words.as_slice()),
-        Overlay::Sentences => &[],
-    };
+    let _ = writeln!(
+        body,
+        "    <h1 class=\"narrator-chapter-title\">{}</h1>",
+        xml(&ch.title)
+    );
+    let mut open: Option<&str> = None;
+    let mut paragraph = 0;
     for s in segments {
-        if !open {
-            body.push_str("    <p>");
-            open = true;
-        } else {
-            body.push(' ');
+        let words = match overlay {
+            Overlay::Words => timed.get(&s.index).map_or(&[][..], |t| t.words.as_slice()),
+            Overlay::Sentences => &[],
+        };
+        match open {
+            Some(_) => body.push(' '),
+            None => {
+                let look = blocks.and_then(|b| b.get(paragraph));
+                let tag = look.map_or("p", |l| block_tag(&l.tag));
+                if let Some(look) = look {
+                    images_xhtml(plan, &look.images, &mut body);
+                }
+                let _ = write!(body, "    <{tag}");
+                if let Some(class) = look.and_then(|l| l.class.as_deref()) {
+                    let _ = write!(body, " class=\"{}\"", xml(class));
+                }
+                body.push('>');
+                open = Some(tag);
+            }
         }
         let _ = write!(
             body,
             "<span id=\"{}\">{}</span>",
             sentence_id(s.index),
-            sentence_body(&s.text, s.index, words_of(s.index))
+            sentence_body(&s.text, s.index, words)
         );
-        if matches!(s.pause_after, PauseAfter::Paragraph | PauseAfter::Chapter) {
-            body.push_str("</p>\n");
-            open = false;
+        if matches!(s.pause_after, PauseAfter::Paragraph | PauseAfter::Chapter)
+            && let Some(tag) = open.take()
+        {
+            let _ = writeln!(body, "</{tag}>");
+            paragraph += 1;
         }
     }
-    if open {
-        body.push_str("</p>\n");
+    if let Some(tag) = open {
+        let _ = writeln!(body, "</{tag}>");
+    }
+    if blocks.is_some() {
+        images_xhtml(plan, &ch.images_after, &mut body);
+    }
+    let mut links =
+        String::from("  <link rel=\"stylesheet\" type=\"text/css\" href=\"../style.css\"/>\n");
+    for sheet in &ch.stylesheets {
+        if kept(plan, sheet, |m| m == "text/css") {
+            let _ = writeln!(
+                links,
+                "  <link rel=\"stylesheet\" type=\"text/css\" href=\"../{}\"/>",
+                xml(&source_href(sheet))
+            );
+        }
     }
     format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE html>\n\
 <html xmlns=\"http://www.w3.org/1999/xhtml\" xmlns:epub=\"http://www.idpf.org/2007/ops\" \
-xml:lang=\"{lang}\" lang=\"{lang}\">\n<head>\n  <meta charset=\"UTF-8\"/>\n  <title>{title}</title>\n  \
-<link rel=\"stylesheet\" type=\"text/css\" href=\"../style.css\"/>\n</head>\n<body>\n  \
+xml:lang=\"{lang}\" lang=\"{lang}\">\n<head>\n  <meta charset=\"UTF-8\"/>\n  <title>{title}</title>\n\
+{links}</head>\n<body>\n  \
 <section epub:type=\"chapter\" id=\"chapter\" aria-label=\"{title}\">\n{body}  </section>\n</body>\n</html>\n",
         lang = xml(lang),
         title = xml(&ch.title),
@@ -345,6 +440,15 @@ fn package(plan: &JobPlan, chapters: &[EpubChapter], lang: &str, modified: &str)
             xml(&cover.mime)
         );
     }
+    for (k, file) in kept_files(plan).enumerate() {
+        let _ = writeln!(
+            items,
+            "    <item id=\"src{}\" href=\"{}\" media-type=\"{}\"/>",
+            k + 1,
+            xml(&source_href(&file.path)),
+            xml(&file.mime)
+        );
+    }
     for (ci, chapter) in chapters.iter().enumerate() {
         let n = ci + 1;
         let _ = writeln!(
@@ -376,6 +480,15 @@ fn package(plan: &JobPlan, chapters: &[EpubChapter], lang: &str, modified: &str)
   <manifest>\n{items}  </manifest>\n  <spine>\n{spine}  </spine>\n</package>\n",
         lang = xml(lang)
     )
+}
+
+/// The source files the EPUB carries: stylesheets, fonts and core image types (an image
+/// of another type would need a fallback).
+fn kept_files(plan: &JobPlan) -> impl Iterator<Item = &narrator_core::SourceFile> {
+    plan.meta
+        .resources
+        .iter()
+        .filter(|f| !f.mime.starts_with("image/") || is_core_image(&f.mime))
 }
 
 /// The cover's file name inside the EPUB, by its type.
@@ -459,6 +572,16 @@ pub fn write_epub3(
                 source,
             })?;
         std::io::copy(&mut audio, &mut zip).map_err(io)?;
+    }
+    for file in kept_files(plan) {
+        let options = if file.mime.starts_with("image/") && file.mime != "image/svg+xml" {
+            stored
+        } else {
+            deflated
+        };
+        zip.start_file(format!("OEBPS/source/{}", file.path), options)
+            .map_err(zip_err)?;
+        zip.write_all(&file.data).map_err(io)?;
     }
     if let Some(cover) = &plan.meta.cover {
         zip.start_file(format!("OEBPS/images/{}", cover_name(&cover.mime)), stored)

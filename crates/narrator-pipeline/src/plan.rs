@@ -67,10 +67,29 @@ pub fn plan_job(
         }
         let count = segments.len() as u32 - first;
         if count > 0 {
+            // How it looked, one block per paragraph, when the reader kept it.
+            let blocks = if paragraphs.iter().any(|p| p.look.is_some()) {
+                paragraphs
+                    .iter()
+                    .map(|p| {
+                        p.look
+                            .clone()
+                            .unwrap_or_else(|| narrator_core::SourceBlock {
+                                tag: "p".into(),
+                                ..Default::default()
+                            })
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             chapters.push(ChapterPlan {
                 title: chapter.title.clone(),
                 first_segment: first,
                 segment_count: count,
+                blocks,
+                stylesheets: chapter.looks.stylesheets.clone(),
+                images_after: chapter.looks.images_after.clone(),
             });
         }
     }
@@ -107,6 +126,7 @@ mod tests {
     fn doc() -> Document {
         let p = |s: &[&str]| Paragraph {
             sentences: s.iter().map(|s| s.to_string()).collect(),
+            look: None,
         };
         Document {
             title: Some("T".into()),
@@ -115,10 +135,12 @@ mod tests {
                 Chapter {
                     title: "One".into(),
                     paragraphs: vec![p(&["A.", "B."]), p(&["C."])],
+                    looks: Default::default(),
                 },
                 Chapter {
                     title: "Two".into(),
                     paragraphs: vec![p(&["D."])],
+                    looks: Default::default(),
                 },
             ],
             warnings: vec![],

@@ -24,6 +24,10 @@ pub(crate) struct RawChapter {
     pub(crate) blocks: Vec<String>,
     /// Text that came before the first heading (title page or preface).
     pub(crate) leading: bool,
+    /// How each block looked (EPUB with `keep_looks`): empty, or one per block.
+    pub(crate) looks: Vec<narrator_core::SourceBlock>,
+    /// Stylesheets and trailing images (EPUB with `keep_looks`).
+    pub(crate) chapter_looks: crate::ChapterLooks,
 }
 
 /// A book as a parser found it.
@@ -67,11 +71,31 @@ pub(crate) fn build(
 
     let mut chapters: Vec<Chapter> = Vec::new();
     for rc in raw.chapters {
-        let paragraphs: Vec<Paragraph> = rc
-            .blocks
-            .iter()
-            .filter_map(|b| paragraph(b, cap, language, &mut skipped))
-            .collect();
+        let mut chapter_looks = rc.chapter_looks;
+        let mut looks = rc
+            .looks
+            .into_iter()
+            .map(Some)
+            .chain(std::iter::repeat(None));
+        // Images of a block with nothing to say go with the next block that has.
+        let mut images = Vec::new();
+        let mut paragraphs: Vec<Paragraph> = Vec::new();
+        for b in &rc.blocks {
+            let look = looks.next().flatten();
+            match paragraph(b, cap, language, &mut skipped) {
+                Some(mut p) => {
+                    p.look = look.map(|mut l| {
+                        images.append(&mut l.images);
+                        l.images = std::mem::take(&mut images);
+                        l
+                    });
+                    paragraphs.push(p);
+                }
+                None => images.extend(look.into_iter().flat_map(|l| l.images)),
+            }
+        }
+        images.append(&mut chapter_looks.images_after);
+        chapter_looks.images_after = images;
         if paragraphs.is_empty() {
             continue;
         }
@@ -101,7 +125,11 @@ pub(crate) fn build(
             .into_iter()
             .next()
             .unwrap_or(title);
-        chapters.push(Chapter { title, paragraphs });
+        chapters.push(Chapter {
+            title,
+            paragraphs,
+            looks: chapter_looks,
+        });
     }
     if chapters.is_empty() {
         return Err(TextError::NothingSpeakable {
@@ -130,7 +158,10 @@ fn paragraph(
         .flat_map(|s| cap_sentence(s, cap))
         .filter(|s| is_speakable(s))
         .collect();
-    (!sentences.is_empty()).then_some(Paragraph { sentences })
+    (!sentences.is_empty()).then_some(Paragraph {
+        sentences,
+        look: None,
+    })
 }
 
 /// At least one letter or digit: something the voice will actually say.
@@ -163,6 +194,7 @@ mod tests {
             title: title.map(str::to_owned),
             blocks: blocks.iter().map(|b| (*b).to_owned()).collect(),
             leading,
+            ..RawChapter::default()
         }
     }
 

@@ -133,7 +133,13 @@ pub(crate) fn parse<R: Read + Seek>(
         let text = decode(&bytes);
         let fixed = fix_entities(&text, &mut unknown_entities);
         let xml = epub.parse_xml(&fixed, &item.path)?;
-        let mut blocks = xhtml_blocks(&xml);
+        let dir = dir_of(&item.path);
+        let (mut blocks, mut images_after) = xhtml_blocks(&xml, dir);
+        let sheets = if opts.keep_looks {
+            stylesheets(&xml, dir)
+        } else {
+            Vec::new()
+        };
         let toc_title = toc.get(&item.path).cloned();
         let first_heading = blocks.iter().position(|b| b.heading);
 
@@ -142,7 +148,21 @@ pub(crate) fn parse<R: Read + Seek>(
             && !toc.is_empty()
             && let Some(prev) = book.chapters.last_mut()
         {
-            prev.blocks.extend(blocks.into_iter().map(|b| b.spoken()));
+            if opts.keep_looks {
+                // The previous file's trailing images come before this one's text.
+                if let Some(first) = blocks.first_mut() {
+                    let mut images = std::mem::take(&mut prev.chapter_looks.images_after);
+                    images.append(&mut first.look.images);
+                    first.look.images = images;
+                }
+                prev.chapter_looks.images_after.append(&mut images_after);
+                for sheet in sheets {
+                    if !prev.chapter_looks.stylesheets.contains(&sheet) {
+                        prev.chapter_looks.stylesheets.push(sheet);
+                    }
+                }
+            }
+            push_blocks(prev, blocks, opts.keep_looks);
             continue;
         }
         let title = match (toc_title, first_heading) {
@@ -150,23 +170,34 @@ pub(crate) fn parse<R: Read + Seek>(
                 let heading = simplify(&blocks[h].text);
                 let toc_s = simplify(&t);
                 if heading == toc_s || toc_s.contains(&heading) {
-                    blocks.remove(h);
+                    take_block(&mut blocks, h, &mut images_after);
                     Some(t)
                 } else if heading.contains(&toc_s) {
-                    Some(blocks.remove(h).text)
+                    Some(take_block(&mut blocks, h, &mut images_after))
                 } else {
                     Some(t)
                 }
             }
             (Some(t), None) => Some(t),
-            (None, Some(h)) => Some(blocks.remove(h).text),
+            (None, Some(h)) => Some(take_block(&mut blocks, h, &mut images_after)),
             (None, None) => None,
         };
-        book.chapters.push(RawChapter {
+        let mut chapter = RawChapter {
             title,
-            blocks: blocks.into_iter().map(|b| b.spoken()).collect(),
             leading: false,
-        });
+            ..RawChapter::default()
+        };
+        if opts.keep_looks {
+            chapter.chapter_looks = crate::ChapterLooks {
+                stylesheets: sheets,
+                images_after,
+            };
+        }
+        push_blocks(&mut chapter, blocks, opts.keep_looks);
+        book.chapters.push(chapter);
+    }
+    if opts.keep_looks {
+        book.meta.resources = epub.looks(&package, &mut warnings)?;
     }
     if let Some(example) = unknown_entities.example {
         warnings.push(format!(
@@ -187,6 +218,50 @@ struct Epub<R> {
 }
 
 impl<R: Read + Seek> Epub<R> {
+    /// The package's stylesheets, images and fonts, sorted by path, for a read-along
+    /// EPUB. More than [`narrator_core::MAX_SOURCE_FILES_BYTES`] in all keeps none (with
+    /// a warning); a file missing from the archive is left out (with a warning).
+    fn looks(
+        &mut self,
+        package: &Package,
+        warnings: &mut Vec<String>,
+    ) -> Result<Vec<narrator_core::SourceFile>, TextError> {
+        let mut items: Vec<&ManifestItem> = package
+            .manifest
+            .values()
+            .filter(|item| item.is_look())
+            .collect();
+        items.sort_by(|a, b| a.path.cmp(&b.path));
+        items.dedup_by(|a, b| a.path == b.path);
+        let total: u64 = items.iter().map(|it| self.declared_size(&it.path)).sum();
+        let limit = narrator_core::MAX_SOURCE_FILES_BYTES;
+        if total > limit {
+            warnings.push(format!(
+                "the book's stylesheets, images and fonts take {} MiB, over the {} MiB a \
+                 read-along EPUB keeps; it shows the text without them",
+                total >> 20,
+                limit >> 20
+            ));
+            return Ok(Vec::new());
+        }
+        let mut files = Vec::new();
+        for item in items {
+            match self.read(&item.path, limit)? {
+                Some(data) => files.push(narrator_core::SourceFile {
+                    path: item.path.clone(),
+                    mime: item.media_type.clone(),
+                    data: std::sync::Arc::new(data),
+                }),
+                None => warnings.push(format!(
+                    "{} is in the package but not in the archive; the read-along EPUB \
+                     goes without it",
+                    item.path
+                )),
+            }
+        }
+        Ok(files)
+    }
+
     fn new(zip: ZipArchive<R>, origin: &Path) -> Self {
         let lower_names = zip
             .file_names()
@@ -357,6 +432,18 @@ impl ManifestItem {
             "application/xhtml+xml" | "text/html" | "application/xml" | "text/xml"
         ) || self.media_type.is_empty()
     }
+
+    /// A stylesheet, image or font: how the book looks.
+    fn is_look(&self) -> bool {
+        let t = self.media_type.as_str();
+        t == "text/css"
+            || t.starts_with("image/")
+            || t.starts_with("font/")
+            || t.starts_with("application/font-")
+            || t.starts_with("application/x-font-")
+            || t == "application/vnd.ms-opentype"
+            || t == "application/vnd.ms-fontobject"
+    }
 }
 
 /// What the OPF says: title, metadata, cover, manifest, spine order, TOC documents.
@@ -481,7 +568,7 @@ fn metadata(xml: &Xml<'_>) -> (narrator_core::BookMeta, Option<String>) {
         language: elements("language").find_map(text),
         date,
         publisher: elements("publisher").find_map(text),
-        cover: None,
+        ..Default::default()
     };
     let cover_id = elements("meta")
         .find(|m| m.attribute("name") == Some("cover"))
@@ -580,6 +667,8 @@ fn ncx_entries(xml: &Xml<'_>, base: &str) -> HashMap<String, String> {
 struct Block {
     text: String,
     heading: bool,
+    /// How it looked (kept with `keep_looks`).
+    look: narrator_core::SourceBlock,
 }
 
 impl Block {
@@ -637,8 +726,11 @@ fn is_heading_tag(name: &str) -> bool {
     matches!(name, "h1" | "h2" | "h3" | "h4" | "h5" | "h6")
 }
 
-/// Paragraph blocks of an XHTML document, in order.
-fn xhtml_blocks(xml: &Xml<'_>) -> Vec<Block> {
+/// Paragraph blocks of an XHTML document at `dir` in the archive, in order, and the
+/// images after the last one. Each block says how it looked: the innermost block element
+/// around its text, that element's class, and the images (`img`, resolved to archive
+/// paths) met since the block before.
+fn xhtml_blocks(xml: &Xml<'_>, dir: &str) -> (Vec<Block>, Vec<narrator_core::SourceImage>) {
     let root = xml
         .descendants()
         .find(|n| n.tag_name().name().eq_ignore_ascii_case("body"))
@@ -646,10 +738,29 @@ fn xhtml_blocks(xml: &Xml<'_>) -> Vec<Block> {
     let mut blocks = Vec::new();
     let mut buf = String::new();
     let mut heading_depth = 0usize;
-    let flush = |buf: &mut String, blocks: &mut Vec<Block>, heading: bool| {
+    let mut images = Vec::new();
+    // The block elements open around the text being collected, innermost last.
+    let mut open: Vec<narrator_core::SourceBlock> = Vec::new();
+    let flush = |buf: &mut String,
+                 blocks: &mut Vec<Block>,
+                 heading: bool,
+                 open: &[narrator_core::SourceBlock],
+                 images: &mut Vec<narrator_core::SourceImage>| {
         let text = collapse(buf);
         if !text.is_empty() {
-            blocks.push(Block { text, heading });
+            let mut look = open
+                .last()
+                .cloned()
+                .unwrap_or_else(|| narrator_core::SourceBlock {
+                    tag: "p".into(),
+                    ..Default::default()
+                });
+            look.images = std::mem::take(images);
+            blocks.push(Block {
+                text,
+                heading,
+                look,
+            });
         }
         buf.clear();
     };
@@ -673,8 +784,25 @@ fn xhtml_blocks(xml: &Xml<'_>) -> Vec<Block> {
                 buf.push(' ');
                 continue;
             }
+            if name == "img" {
+                if let Some(src) = node.attribute("src").filter(|s| !s.trim().is_empty()) {
+                    images.push(narrator_core::SourceImage {
+                        src: resolve(dir, src),
+                        alt: collapse(node.attribute("alt").unwrap_or("")),
+                    });
+                }
+                continue;
+            }
             if block {
-                flush(&mut buf, &mut blocks, heading_depth > 0);
+                flush(&mut buf, &mut blocks, heading_depth > 0, &open, &mut images);
+                open.push(narrator_core::SourceBlock {
+                    tag: name.clone(),
+                    class: node
+                        .attribute("class")
+                        .map(collapse)
+                        .filter(|c| !c.is_empty()),
+                    images: Vec::new(),
+                });
             }
             if is_heading_tag(&name) {
                 heading_depth += 1;
@@ -684,15 +812,62 @@ fn xhtml_blocks(xml: &Xml<'_>) -> Vec<Block> {
             stack.extend(children.into_iter().rev().map(|c| (c, true)));
         } else {
             if block {
-                flush(&mut buf, &mut blocks, heading_depth > 0);
+                flush(&mut buf, &mut blocks, heading_depth > 0, &open, &mut images);
+                open.pop();
             }
             if is_heading_tag(&name) {
                 heading_depth = heading_depth.saturating_sub(1);
             }
         }
     }
-    flush(&mut buf, &mut blocks, false);
-    blocks
+    flush(&mut buf, &mut blocks, false, &open, &mut images);
+    (blocks, images)
+}
+
+/// Takes block `h` out (a heading that became the chapter's title), its text; its images
+/// go with the block after it, or after the chapter's last.
+fn take_block(
+    blocks: &mut Vec<Block>,
+    h: usize,
+    images_after: &mut Vec<narrator_core::SourceImage>,
+) -> String {
+    let mut taken = blocks.remove(h);
+    match blocks.get_mut(h) {
+        Some(next) => {
+            taken.look.images.append(&mut next.look.images);
+            next.look.images = taken.look.images;
+        }
+        None => {
+            taken.look.images.append(images_after);
+            *images_after = taken.look.images;
+        }
+    }
+    taken.text
+}
+
+/// Appends blocks to a chapter: their spoken text, and how they looked when asked.
+fn push_blocks(chapter: &mut RawChapter, blocks: Vec<Block>, keep_looks: bool) {
+    for b in blocks {
+        if keep_looks {
+            chapter.looks.push(b.look.clone());
+        }
+        chapter.blocks.push(b.spoken());
+    }
+}
+
+/// The stylesheets an XHTML document at `dir` links, as archive paths, in order.
+fn stylesheets(xml: &Xml<'_>, dir: &str) -> Vec<String> {
+    xml.descendants()
+        .filter(|n| n.tag_name().name().eq_ignore_ascii_case("link"))
+        .filter(|n| {
+            n.attribute("rel").is_some_and(|r| {
+                r.split_ascii_whitespace()
+                    .any(|w| w.eq_ignore_ascii_case("stylesheet"))
+            })
+        })
+        .filter_map(|n| n.attribute("href"))
+        .map(|href| resolve(dir, href))
+        .collect()
 }
 
 /// All text under a node, with `br` as space.
@@ -990,7 +1165,7 @@ mod tests {
 <body><h1>Chapter <em>One</em></h1><p>First   para<br/>line.</p><div>Div text<p>inner</p>tail</div>
 <script>var x = 1;</script><ul><li>item</li></ul><blockquote>quote</blockquote></body></html>"#;
         let xml = Xml::parse(xhtml).expect("xml");
-        let blocks = xhtml_blocks(&xml);
+        let (blocks, _) = xhtml_blocks(&xml, "");
         let texts: Vec<(&str, bool)> = blocks
             .iter()
             .map(|b| (b.text.as_str(), b.heading))

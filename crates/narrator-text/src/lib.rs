@@ -80,6 +80,11 @@ pub struct LoadOptions {
     /// The voice's language (`en`, `en_US`, `de`, `ru`...): which normalization rules
     /// apply and which scripts are kept (default `en`).
     pub language: String,
+    /// From an EPUB, also keep how it looks (each paragraph's element and class, its
+    /// images, stylesheets and fonts) for a read-along EPUB (default off: the bytes are
+    /// kept with the job).
+    #[serde(default)]
+    pub keep_looks: bool,
 }
 
 impl Default for LoadOptions {
@@ -88,6 +93,7 @@ impl Default for LoadOptions {
             max_bytes: 16 * 1024 * 1024,
             max_sentence_chars: 400,
             language: "en".to_owned(),
+            keep_looks: false,
         }
     }
 }
@@ -114,6 +120,26 @@ pub struct Chapter {
     pub title: String,
     /// Paragraphs in order; never empty.
     pub paragraphs: Vec<Paragraph>,
+    /// The source EPUB's stylesheets its pages linked, and the images after its last
+    /// paragraph (when [`LoadOptions::keep_looks`] asked).
+    #[serde(default, skip_serializing_if = "ChapterLooks::is_empty")]
+    pub looks: ChapterLooks,
+}
+
+/// What a chapter of a source EPUB linked and showed beyond its paragraphs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChapterLooks {
+    /// Stylesheets (paths in [`narrator_core::BookMeta::resources`]), in order.
+    pub stylesheets: Vec<String>,
+    /// Images after the last paragraph.
+    pub images_after: Vec<narrator_core::SourceImage>,
+}
+
+impl ChapterLooks {
+    /// Nothing kept.
+    pub fn is_empty(&self) -> bool {
+        self.stylesheets.is_empty() && self.images_after.is_empty()
+    }
 }
 
 /// One paragraph: the unit after which the audio gets a longer pause.
@@ -122,6 +148,9 @@ pub struct Paragraph {
     /// Normalized sentences, punctuation kept, each at most `max_sentence_chars` long
     /// and each containing at least one letter or digit.
     pub sentences: Vec<String>,
+    /// How it looked in the source EPUB, when [`LoadOptions::keep_looks`] asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub look: Option<narrator_core::SourceBlock>,
 }
 
 impl Document {

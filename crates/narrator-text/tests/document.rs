@@ -685,6 +685,7 @@ fn random_input_never_panics() {
             max_sentence_chars: rng.below(60),
             // Every rule set: English, another Latin-script language, one with its own script.
             language: ["en", "de", "ru", "ja"][rng.below(4)].to_owned(),
+            keep_looks: false,
         };
         for format in [InputFormat::Text, InputFormat::Markdown] {
             if let Ok(doc) = parse_document(&text, format, &opts) {
@@ -930,4 +931,115 @@ fn markdown_front_matter_cover_is_read_relative_to_the_book() {
     assert!(narrator_text::load_cover(&secret, &path).is_ok());
     let err = narrator_text::load_cover(&fifo, &path).expect_err("fifo");
     assert!(err.to_string().contains("not a regular file"), "{err}");
+}
+
+#[test]
+fn an_epub_read_with_its_looks_keeps_elements_classes_images_and_stylesheets() {
+    let container =
+        r#"<container><rootfiles><rootfile full-path="OPS/book.opf"/></rootfiles></container>"#;
+    let opf = r#"<?xml version="1.0"?>
+<package xmlns="http://www.idpf.org/2007/opf" version="3.0">
+  <metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>Looks</dc:title></metadata>
+  <manifest>
+    <item id="c1" href="text/c1.xhtml" media-type="application/xhtml+xml"/>
+    <item id="css" href="styles/book.css" media-type="text/css"/>
+    <item id="font" href="fonts/serif.otf" media-type="font/otf"/>
+    <item id="map" href="images/map.jpg" media-type="image/jpeg"/>
+    <item id="gone" href="images/gone.png" media-type="image/png"/>
+  </manifest>
+  <spine><itemref idref="c1"/></spine>
+</package>"#;
+    let ch = r#"<html xmlns="http://www.w3.org/1999/xhtml"><head><link rel="stylesheet" href="../styles/book.css"/></head>
+<body><h1>One</h1><figure><img src="../images/map.jpg" alt=" The   map "/></figure>
+<p class="opening first">A line of text. Another one.</p>
+<blockquote class="verse">Said the sea.</blockquote>
+<ul><li>An item.</li></ul><p>* * *</p><p><img src="../images/map.jpg" alt="again"/></p></body></html>"#;
+    let bytes = epub_of(&[
+        ("META-INF/container.xml", container.as_bytes()),
+        ("OPS/book.opf", opf.as_bytes()),
+        ("OPS/text/c1.xhtml", ch.as_bytes()),
+        ("OPS/styles/book.css", b"p.first { text-indent: 0 }"),
+        ("OPS/fonts/serif.otf", b"OTTO"),
+        ("OPS/images/map.jpg", JPEG),
+    ]);
+    let looks = LoadOptions {
+        keep_looks: true,
+        ..opts()
+    };
+    let doc = parse_epub_bytes(&bytes, &looks).expect("parses");
+    let chapter = &doc.chapters[0];
+    let shown: Vec<(String, Option<String>, Vec<String>)> = chapter
+        .paragraphs
+        .iter()
+        .map(|p| {
+            let look = p.look.clone().expect("every paragraph says how it looked");
+            (
+                look.tag,
+                look.class,
+                look.images
+                    .iter()
+                    .map(|i| format!("{} {}", i.src, i.alt))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (
+                "p".to_owned(),
+                Some("opening first".to_owned()),
+                vec!["OPS/images/map.jpg The map".to_owned()]
+            ),
+            ("blockquote".to_owned(), Some("verse".to_owned()), vec![]),
+            ("li".to_owned(), None, vec![]),
+        ],
+        "the heading is the title; the unspeakable `* * *` is dropped"
+    );
+    assert_eq!(chapter.looks.stylesheets, ["OPS/styles/book.css"]);
+    let after: Vec<&str> = chapter
+        .looks
+        .images_after
+        .iter()
+        .map(|i| i.alt.as_str())
+        .collect();
+    assert_eq!(
+        after,
+        ["again"],
+        "an image after the last paragraph stays there"
+    );
+    let files: Vec<(&str, &str, usize)> = doc
+        .meta
+        .resources
+        .iter()
+        .map(|f| (f.path.as_str(), f.mime.as_str(), f.data.len()))
+        .collect();
+    assert_eq!(
+        files,
+        [
+            ("OPS/fonts/serif.otf", "font/otf", 4),
+            ("OPS/images/map.jpg", "image/jpeg", JPEG.len()),
+            ("OPS/styles/book.css", "text/css", 26),
+        ],
+        "stylesheets, fonts and images, by path"
+    );
+    assert!(
+        doc.warnings
+            .iter()
+            .any(|w| w.contains("OPS/images/gone.png") && w.contains("not in the archive")),
+        "{:?}",
+        doc.warnings
+    );
+
+    // Not asked: nothing kept, the text the same.
+    let plain = parse_epub_bytes(&bytes, &opts()).expect("parses");
+    assert!(plain.meta.resources.is_empty());
+    assert!(plain.chapters[0].looks.is_empty());
+    assert!(
+        plain.chapters[0]
+            .paragraphs
+            .iter()
+            .all(|p| p.look.is_none())
+    );
+    assert_eq!(all_sentences(&plain), all_sentences(&doc));
 }

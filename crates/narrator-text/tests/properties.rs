@@ -69,16 +69,18 @@ fn real_texts() -> Vec<String> {
     texts
 }
 
-/// Options with a random sentence cap and language.
+/// Options with a random sentence cap and language, keeping an EPUB's looks or not.
 fn load_options() -> impl Strategy<Value = LoadOptions> {
     (
         0usize..500,
         select(&["en", "en_US", "de", "fr", "ru", "ja"][..]),
+        any::<bool>(),
     )
-        .prop_map(|(max_sentence_chars, language)| LoadOptions {
+        .prop_map(|(max_sentence_chars, language, keep_looks)| LoadOptions {
             max_bytes: 1 << 20,
             max_sentence_chars,
             language: language.to_owned(),
+            keep_looks,
         })
 }
 

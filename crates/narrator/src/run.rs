@@ -151,8 +151,9 @@ async fn produce(
             speaker,
         },
     );
-    // Words are timed only for outputs that use them (espeak-ng's word pass costs).
-    let timed = !subtitles.is_empty() || epub3.is_some();
+    // Words are timed only for outputs that use them (espeak-ng's word pass costs):
+    // subtitles and word overlays; sentence overlays need only the layout.
+    let timed = !subtitles.is_empty() || epub3 == Some(narrator_pipeline::epub3::Overlay::Words);
     for s in &mut plan.segments {
         s.timed = timed;
     }
@@ -416,6 +417,7 @@ pub(crate) fn lexicon_for(book: Option<&Path>, args: &TextArgs) -> anyhow::Resul
 fn same_tags(m: &Manifest, plan: &narrator_core::JobPlan) -> bool {
     let without_cover = narrator_core::BookMeta {
         cover: None,
+        resources: Vec::new(),
         ..plan.meta.clone()
     };
     let cover = plan
@@ -452,6 +454,7 @@ pub(crate) fn apply_book_args(
         date: clean(&args.date),
         publisher: clean(&args.publisher),
         cover,
+        ..Default::default()
     };
     doc.meta = std::mem::take(&mut doc.meta).overridden_by(flags);
     Ok(())
@@ -511,7 +514,11 @@ pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     let subtitles = subtitle_formats(&args.subtitles)?;
     // The voice first: its language decides how the text is read.
     let voice = engine::find_voice(paths, &args.engine)?;
-    let opts = load_options(&args.text, &voice);
+    let opts = LoadOptions {
+        // A read-along EPUB shows an EPUB input as it looked.
+        keep_looks: epub3.is_some(),
+        ..load_options(&args.text, &voice)
+    };
     let mut doc = narrator_text::load_document(&args.book, &opts)?;
     apply_book_args(&mut doc, &args.meta, &args.book)?;
     doc.apply_lexicon(&lexicon_for(Some(&args.book), &args.text)?, &opts)?;

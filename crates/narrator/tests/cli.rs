@@ -761,57 +761,27 @@ fn ctrl_c_stops_cleanly_and_says_how_to_resume() {
     assert!(out.join("manifest.json").is_file());
 }
 
-/// A minimal EPUB 3: container, OPF with a spine of two chapters, and a nav TOC.
-/// A two-chapter EPUB 3 with an author and a cover.
-fn tiny_epub(path: &Path) {
-    use std::io::Write;
-    let f = std::fs::File::create(path).expect("create");
-    let mut z = zip::ZipWriter::new(f);
-    let opt = zip::write::SimpleFileOptions::default();
-    z.start_file("OEBPS/cover.png", opt).expect("entry");
-    z.write_all(&PNG).expect("write");
-    let mut put = |name: &str, body: &str| {
-        z.start_file(name, opt).expect("entry");
-        z.write_all(body.as_bytes()).expect("write");
-    };
-    put("mimetype", "application/epub+zip");
-    put(
-        "META-INF/container.xml",
-        r#"<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container"><rootfiles><rootfile full-path="OEBPS/book.opf" media-type="application/oebps-package+xml"/></rootfiles></container>"#,
-    );
-    put(
-        "OEBPS/book.opf",
-        r#"<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0"><metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>Harbour Notes</dc:title><dc:creator>Ada Quay</dc:creator><dc:language>en</dc:language><dc:date>1901</dc:date><dc:publisher>Tide Press</dc:publisher></metadata><manifest><item id="cv" href="cover.png" media-type="image/png" properties="cover-image"/><item id="nav" href="nav.xhtml" media-type="application/xhtml+xml" properties="nav"/><item id="a" href="a.xhtml" media-type="application/xhtml+xml"/><item id="b" href="b.xhtml" media-type="application/xhtml+xml"/></manifest><spine><itemref idref="a"/><itemref idref="b"/></spine></package>"#,
-    );
-    put(
-        "OEBPS/nav.xhtml",
-        r#"<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml" xmlns:epub="http://www.idpf.org/2007/ops"><body><nav epub:type="toc"><ol><li><a href="a.xhtml">Morning Tide</a></li><li><a href="b.xhtml">Evening Tide</a></li></ol></nav></body></html>"#,
-    );
-    put(
-        "OEBPS/a.xhtml",
-        r#"<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body><h1>Morning Tide</h1><p>The boats went out before dawn. Gulls followed them.</p></body></html>"#,
-    );
-    put(
-        "OEBPS/b.xhtml",
-        r#"<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body><h1>Evening Tide</h1><p>By dusk the harbour was full again.</p></body></html>"#,
-    );
-    z.finish().expect("finish");
+/// `narrator run` of the test EPUB ([`media::harbour_epub`]) in `dir` with `flags`:
+/// the output folder.
+fn run_harbour(dir: &Path, flags: &[&str]) -> PathBuf {
+    let book = dir.join("harbour.epub");
+    media::harbour_epub(&book);
+    let out = dir.join("o");
+    let mut args = vec![
+        "run",
+        book.to_str().expect("utf8"),
+        "--out",
+        out.to_str().expect("utf8"),
+    ];
+    args.extend(flags);
+    run_ok(&args);
+    out
 }
 
 #[test]
 fn an_epub_becomes_chapters_named_by_its_table_of_contents() {
     let dir = tempfile::tempdir().expect("tmp");
-    let book = dir.path().join("harbour.epub");
-    tiny_epub(&book);
-    let out = dir.path().join("o");
-    run_ok(&[
-        "run",
-        book.to_str().expect("utf8"),
-        "--out",
-        out.to_str().expect("utf8"),
-        "--format",
-        "wav",
-    ]);
+    let out = run_harbour(dir.path(), &["--format", "wav"]);
     let m = manifest(&out);
     let titles: Vec<&str> = m["chapters"]
         .as_array()
@@ -822,6 +792,18 @@ fn an_epub_becomes_chapters_named_by_its_table_of_contents() {
     assert_eq!(titles, ["Morning Tide", "Evening Tide"]);
     assert_eq!(m["book"]["title"], "Harbour Notes");
     assert!(m["book"]["seconds"].as_f64().expect("secs") > 3.0);
+}
+
+#[test]
+fn a_read_along_epub_of_an_epub_keeps_its_stylesheet_images_and_classes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = run_harbour(dir.path(), &["--format", "epub3", "--epub-overlay", "word"]);
+    let m = manifest(&out);
+    let epub = out.join(m["book"]["epub"].as_str().expect("the EPUB"));
+    media::epubcheck(&epub);
+    // Every clip still points at a span of its chapter's text.
+    assert!(!epub_clips(&epub, &out, &m).is_empty());
+    media::assert_harbour_looks_kept(&epub);
 }
 
 /// The M4B in `out`: one file beside the manifest, checked by an independent reader
@@ -842,17 +824,7 @@ fn check_m4b(out: &Path) -> serde_json::Value {
 #[test]
 fn m4b_from_an_epub_and_from_markdown_front_matter_carries_chapters_tags_and_cover() {
     let dir = tempfile::tempdir().expect("tmp");
-    let epub = dir.path().join("harbour.epub");
-    tiny_epub(&epub);
-    let out = dir.path().join("epub");
-    run_ok(&[
-        "run",
-        epub.to_str().expect("utf8"),
-        "--out",
-        out.to_str().expect("utf8"),
-        "--format",
-        "m4b",
-    ]);
+    let out = run_harbour(dir.path(), &["--format", "m4b"]);
     let tags = check_m4b(&out);
     assert_eq!(tags["title"], "Harbour Notes");
     assert_eq!(tags["album"], "Harbour Notes");

@@ -80,7 +80,11 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
         // The rate is part of the job's identity, as in `run`.
         d.length /= speed;
     }
-    let opts = load_options(&args.text, &voice);
+    let opts = narrator_text::LoadOptions {
+        // A read-along EPUB shows an EPUB input as it looked.
+        keep_looks: epub3,
+        ..load_options(&args.text, &voice)
+    };
     let speaker = match &args.speaker {
         Some(s) => voice.family.speaker_id(&voice.name, s)?,
         None => 0,
