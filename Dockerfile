@@ -2,7 +2,7 @@
 # narrator's CPU image: the worker by default; every other narrator command too.
 #
 #   docker build -t narrator:cpu .                        # compiles, downloads the runtime
-#   docker run --rm narrator:cpu narrator run /app/examples/sample.md --out /tmp/out
+#   docker run --rm narrator:cpu run /app/examples/sample.md --out /tmp/out
 #
 # Where no registry image can be pulled and nothing outside the package registries is
 # reachable (the project's own machines), ops/images.sh builds the same image with
@@ -112,7 +112,11 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
     CMD curl -fsS http://127.0.0.1:9464/healthz || exit 1
 # SIGTERM (docker stop) makes the worker finish the batches in flight, then exit.
 STOPSIGNAL SIGTERM
-CMD ["narrator", "worker"]
+# The program is the entrypoint and the command its arguments, so a container's args
+# (Kubernetes `args: ["worker", ...]`, compose `command: ["migrate"]`, `docker run IMAGE
+# status JOB`) are narrator's subcommand and flags.
+ENTRYPOINT ["narrator"]
+CMD ["worker"]
 
 ############################# gpu #############################
 FROM cpu AS gpu

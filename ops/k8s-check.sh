@@ -25,6 +25,10 @@ if ! "$VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$KV_VERSIO
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$KV_VERSION"
 fi
 if [[ ! -d "$ROOT/ops/k8s/node_modules/@kubernetes-models/keda" ]]; then
+    command -v npm >/dev/null || {
+        echo "k8s-check: ERROR: npm is missing: run \`bash ops/setup.sh --test\` (Debian's npm)" >&2
+        exit 1
+    }
     say "installing the KEDA schemas (npm ci in ops/k8s)"
     (cd "$ROOT/ops/k8s" && npm ci --no-audit --no-fund --silent)
 fi

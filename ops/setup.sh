@@ -107,8 +107,15 @@ die() {
 ((WITH_GPU)) && APT_PACKAGES+=(zstd binutils)
 # --kokoro: npm packs the Kokoro voices (kokoro-js).
 ((WITH_KOKORO)) && ! command -v npm >/dev/null && APT_PACKAGES+=(npm)
-# --test: ffprobe reads the M4B files back; EPUBCheck (Java) checks the read-along EPUBs.
-((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg epubcheck)
+# --test: ffprobe reads the M4B files back; EPUBCheck (Java) checks the read-along EPUBs;
+# Prometheus and promtool scrape a worker and check the alert rules; node/npm fetch the
+# KEDA schemas (ops/k8s-check.sh). PostgreSQL and RabbitMQ when nothing answers on their
+# ports (ops/test.sh starts them).
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg epubcheck prometheus)
+((FOR_TESTS)) && ! command -v npm >/dev/null && APT_PACKAGES+=(npm)
+((FOR_TESTS)) && ! port_open 5432 && APT_PACKAGES+=(postgresql)
+((FOR_TESTS)) && ! port_open 5672 && APT_PACKAGES+=(rabbitmq-server)
 # --with-piper: the reference Piper's virtual environment.
 ((WITH_PIPER)) && APT_PACKAGES+=(python3-venv)
 missing=()

@@ -7,22 +7,39 @@ cd "$(dirname "$0")/.."
 # GPU-less machine what doctor says of them and how `--device auto` falls back.
 # --test: the S3 test server and ffprobe. --kokoro: the second model family's tests.
 bash ops/setup.sh --gpu --test --kokoro
-# The observability tests scrape a worker with a real Prometheus and check the alert
-# rules with promtool (both in Debian's `prometheus` package).
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null
-fi
+# (The set-up also installs Prometheus, node/npm, and PostgreSQL and RabbitMQ when
+# nothing answers on their ports: Debian's packages.)
+say() { printf 'test: %s\n' "$*"; }
+die() {
+    printf 'test: ERROR: %s\n' "$*" >&2
+    exit 1
+}
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() {
+    for _ in $(seq "$2"); do port_open "$1" && return 0; sleep 1; done
+    return 1
+}
 # narrator-db's tests need Postgres (each gets a fresh database from DATABASE_URL).
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
-if ! pg_isready -q -h 127.0.0.1 -p 5432 && command -v pg_ctlcluster >/dev/null \
-    && ls /etc/postgresql >/dev/null 2>&1; then
-    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
+if ! port_open 5432; then
+    cluster="$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)"
+    [[ -n "$cluster" ]] || die "nothing answers on 127.0.0.1:5432 and Debian's postgresql is not installed: run \`bash ops/setup.sh --test\` as root, or start a PostgreSQL there"
+    hba="/etc/postgresql/$cluster/main/pg_hba.conf"
+    # The tests connect as postgres over TCP without a password (DATABASE_URL above).
+    if ! grep -Eq '^host +all +(all|postgres) +127\.0\.0\.1/32 +trust' "$hba"; then
+        say "letting postgres connect from 127.0.0.1 without a password (a line at the top of $hba)"
+        sed -i '1i host all postgres 127.0.0.1/32 trust' "$hba"
+    fi
+    say "starting PostgreSQL $cluster"
+    pg_ctlcluster --skip-systemctl-redirect "$cluster" main start
+    wait_port 5432 30 || die "PostgreSQL $cluster did not open 127.0.0.1:5432 in 30 s (see /var/log/postgresql)"
 fi
 # narrator-broker's tests need RabbitMQ at 127.0.0.1:5672 (guest/guest).
-amqp_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }
-if ! amqp_up && command -v rabbitmq-server >/dev/null; then
+if ! port_open 5672; then
+    command -v rabbitmq-server >/dev/null || die "nothing answers on 127.0.0.1:5672 and Debian's rabbitmq-server is not installed: run \`bash ops/setup.sh --test\` as root, or start a RabbitMQ there"
+    say "starting RabbitMQ"
     rabbitmq-server -detached
-    for _ in $(seq 60); do amqp_up && break; sleep 1; done
+    wait_port 5672 90 || die "RabbitMQ did not open 127.0.0.1:5672 in 90 s (see /var/log/rabbitmq)"
 fi
 # narrator-s3's tests need an S3-compatible server (s3s-fs from ops/setup.sh --test).
 export NARRATOR_S3_PORT="${NARRATOR_S3_PORT:-9010}"

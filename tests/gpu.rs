@@ -1,8 +1,10 @@
 //! The GPU path on this GPU-less machine, with ONNX Runtime's real CUDA build
 //! (`bash ops/setup.sh --gpu`, which `ops/test.sh` runs): doctor names every missing
-//! library, `--device auto` falls back to the CPU with one warning (and a worker's status
-//! row says why), `--device cuda:0` fails in one line; calibrations by GPU model are
-//! shared through the database and used for plans of mixed fleets.
+//! library, `--device auto` runs on the CPU without a warning (there is no GPU to miss;
+//! a worker's status row shows no fallback), `--device cuda:0` fails in one line;
+//! calibrations by GPU model are shared through the database and used for plans of
+//! mixed fleets. (Where a GPU is present but CUDA cannot start, `auto` warns: the unit
+//! test `auto_warns_only_where_a_gpu_is_present` in the narrator crate.)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -127,7 +129,7 @@ fn doctor_names_exactly_the_missing_cuda_libraries() {
 }
 
 #[test]
-fn auto_falls_back_to_cpu_with_one_warning_and_cuda_fails_in_one_line() {
+fn auto_runs_on_the_cpu_quietly_without_a_gpu_and_cuda_fails_in_one_line() {
     let dir = tempfile::tempdir().expect("dir");
     let text = dir.path().join("hello.txt");
     std::fs::write(&text, "Hello there. This runs on the CPU.\n").expect("text");
@@ -149,12 +151,9 @@ fn auto_falls_back_to_cpu_with_one_warning_and_cuda_fails_in_one_line() {
         !err.contains('\u{1b}'),
         "no colour codes off a terminal: {err:?}"
     );
-    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("WARN")).collect();
-    assert_eq!(warnings.len(), 1, "one warning: {err}");
-    assert!(
-        warnings[0].contains("runs on the CPU") && warnings[0].contains("libcuda.so.1"),
-        "{err}"
-    );
+    // No GPU on this machine: nothing to warn about (the CUDA build is installed, the
+    // driver is not).
+    assert!(!err.contains("WARN"), "no warning without a GPU: {err}");
 
     let out = narrator_auto()
         .args(["synth", "--device", "cuda:0"])
@@ -195,9 +194,10 @@ fn worker_row(w: &World, id: &str) -> serde_json::Value {
     }
 }
 
-/// A worker on `--device auto` falls back and its status row says why.
+/// A worker on `--device auto` on this GPU-less machine runs on the CPU: its status row
+/// says cpu with no fallback, its log has no warning about it.
 #[test]
-fn a_worker_records_its_cpu_fallback_in_its_status_row() {
+fn a_worker_without_a_gpu_runs_on_the_cpu_without_a_fallback_warning() {
     let mut w = World::new();
     w.worker(
         "gpu-less",
@@ -206,26 +206,11 @@ fn a_worker_records_its_cpu_fallback_in_its_status_row() {
     );
     let row = worker_row(&w, "gpu-less");
     assert_eq!(row["device"], "cpu", "{row}");
-    let why = row["plan"][0]["device_fallback"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(
-        why.starts_with("CUDA cannot start: ") && why.contains("libcuda.so.1"),
-        "{row}"
-    );
+    assert!(row["plan"][0]["device_fallback"].is_null(), "{row}");
     let text = String::from_utf8_lossy(&w.ok(&["workers"]).stdout).to_string();
-    assert!(
-        text.contains("on the CPU instead of a GPU: CUDA cannot start"),
-        "{text}"
-    );
+    assert!(!text.contains("instead of a GPU"), "{text}");
     let log = w.worker_log("gpu-less");
-    assert_eq!(
-        log.lines()
-            .filter(|l| l.contains("runs on the CPU"))
-            .count(),
-        1,
-        "{log}"
-    );
+    assert!(!log.contains("runs on the CPU"), "{log}");
 }
 
 /// A calibration measured by one worker of a GPU model is stored for the fleet; the next

@@ -52,6 +52,10 @@ pub struct S3Config {
     /// `http(s)://host:port` of an S3-compatible server (path-style addressing); `None` for
     /// AWS itself.
     pub endpoint: Option<String>,
+    /// Where the users of presigned URLs reach the same server, when not at `endpoint`
+    /// (a compose network's `http://s3:9000` is `http://localhost:9000` on the host): the
+    /// URLs are signed for, and point at, this one. `None`: `endpoint`.
+    pub public_endpoint: Option<String>,
     /// The bucket.
     pub bucket: String,
     /// Signing region, e.g. `us-east-1`.
@@ -76,6 +80,7 @@ impl Default for S3Config {
     fn default() -> Self {
         Self {
             endpoint: None,
+            public_endpoint: None,
             bucket: "narrator".into(),
             region: "us-east-1".into(),
             access_key_id: None,
@@ -92,6 +97,7 @@ impl fmt::Debug for S3Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("S3Config")
             .field("endpoint", &self.endpoint)
+            .field("public_endpoint", &self.public_endpoint)
             .field("bucket", &self.bucket)
             .field("region", &self.region)
             .field("access_key_id", &self.access_key_id)
@@ -276,6 +282,8 @@ pub const OPERATION_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Clone)]
 pub struct S3AudioStore {
     client: aws_sdk_s3::Client,
+    /// Signs presigned URLs for the public endpoint, when one is set.
+    presigner: Option<aws_sdk_s3::Client>,
     bucket: String,
     prefix: String,
     endpoint: String,
@@ -428,13 +436,30 @@ impl S3AudioStore {
                     .operation_attempt_timeout(OPERATION_ATTEMPT_TIMEOUT)
                     .build(),
             );
+        let http_url = |url: &str, flag: &str| {
+            if url.starts_with("http://") || url.starts_with("https://") {
+                Ok(())
+            } else {
+                Err(config_err(format!(
+                    "{flag} {url:?} must start with http:// or https://"
+                )))
+            }
+        };
+        let presigner = match &cfg.public_endpoint {
+            Some(url) => {
+                http_url(url, "--s3-public-endpoint")?;
+                let conf = builder
+                    .clone()
+                    .endpoint_url(url)
+                    .force_path_style(true)
+                    .build();
+                Some(aws_sdk_s3::Client::from_conf(conf))
+            }
+            None => None,
+        };
         let endpoint = match &cfg.endpoint {
             Some(url) => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(config_err(format!(
-                        "endpoint {url:?} must start with http:// or https://"
-                    )));
-                }
+                http_url(url, "endpoint")?;
                 builder = builder.endpoint_url(url).force_path_style(true);
                 // Printed in errors and logs: without credentials.
                 narrator_net::redact(url.trim_end_matches('/'))
@@ -443,6 +468,7 @@ impl S3AudioStore {
         };
         Ok(Self {
             client: aws_sdk_s3::Client::from_conf(builder.build()),
+            presigner,
             bucket: cfg.bucket,
             prefix: cfg.prefix,
             endpoint,
@@ -522,12 +548,14 @@ impl S3AudioStore {
     }
 
     /// A URL that GETs `key` without credentials until `expires` has passed (at most
-    /// 7 days).
+    /// 7 days), at the public endpoint when one is set.
     pub async fn presign_get(&self, key: &str, expires: Duration) -> Result<String, S3Error> {
         let presigning = PresigningConfig::expires_in(expires)
             .map_err(|e| config_err(format!("presigned URL lifetime {expires:?}: {e}")))?;
         let req = self
-            .client
+            .presigner
+            .as_ref()
+            .unwrap_or(&self.client)
             .get_object()
             .bucket(&self.bucket)
             .key(key)

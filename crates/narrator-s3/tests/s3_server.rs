@@ -266,6 +266,26 @@ async fn presigned_get_works_without_credentials() {
     // A tampered URL is refused.
     let (status, _) = http_get(&url.replace("chapter.mp3", "chapter.mp4")).await;
     assert_ne!(status, 200);
+
+    // With a public endpoint (the same server under another name, as a compose host
+    // sees it), the URL points there, and works there.
+    let mut cfg = config();
+    let endpoint = cfg.endpoint.clone().unwrap();
+    let public = endpoint.replace("127.0.0.1", "localhost");
+    assert_ne!(public, endpoint, "the test endpoint names 127.0.0.1");
+    cfg.public_endpoint = Some(public.clone());
+    let store = S3AudioStore::connect(cfg).await.unwrap();
+    let url = store
+        .presign_get(&key, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(url.starts_with(&format!("{public}/")), "{url}");
+    let (status, body) = http_get(&url).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(body == data, "presigned body differs");
+    // Signed for the public host: the same query sent to the internal name is refused.
+    let (status, _) = http_get(&url.replacen(&public, &endpoint, 1)).await;
+    assert_ne!(status, 200, "the signature covers the host");
 }
 
 #[tokio::test]

@@ -1,4 +1,6 @@
-//! Command-line arguments (clap derive). Every option has an environment fallback.
+//! Command-line arguments (clap derive). Settings a deployment fixes (voice, device,
+//! services, credentials, telemetry) also read an environment variable, named in each
+//! option's help (`[env: …]`); per-book flags (text, output, pauses) are flags only.
 
 use std::path::PathBuf;
 
@@ -83,10 +85,15 @@ pub(crate) struct EngineArgs {
     /// (default: its first speaker).
     #[arg(long, env = "NARRATOR_SPEAKER")]
     pub(crate) speaker: Option<String>,
-    /// Where to run: auto (CUDA when available), cpu, cuda:N.
+    /// Where to run: auto (CUDA when it can start, else the CPU: quietly on a machine
+    /// without an NVIDIA GPU, with one warning where a GPU is present but unusable),
+    /// cpu, cuda:N (fails in one line when CUDA cannot start).
     #[arg(long, env = "NARRATOR_DEVICE", default_value = "auto")]
     pub(crate) device: String,
-    /// Threads inside each ONNX Runtime session (default: all cores on CPU, 1 on CUDA).
+    /// Threads inside each ONNX Runtime session (default: on CPU the cores divided by the
+    /// sessions, as the calibration's layout chose them, often 1 thread in each of one
+    /// session per core; 1 on CUDA). Setting it fixes the layout: one session unless
+    /// `--sessions` says more.
     #[arg(long, env = "NARRATOR_INTRA_THREADS")]
     pub(crate) intra_threads: Option<usize>,
     /// Engine sessions, one thread each (default: on CPU the calibration measures one
@@ -319,6 +326,11 @@ pub(crate) struct ServiceArgs {
     /// profile, a web identity token, container or instance credentials).
     #[arg(long, env = "NARRATOR_S3_ENDPOINT")]
     pub(crate) s3_endpoint: Option<String>,
+    /// Where users reach the S3 server when not at --s3-endpoint (compose: the services
+    /// use http://s3:9000, the host http://localhost:9000): the presigned URLs that
+    /// `status` prints are signed for, and point at, this endpoint.
+    #[arg(long, env = "NARRATOR_S3_PUBLIC_ENDPOINT")]
+    pub(crate) s3_public_endpoint: Option<String>,
     /// CA certificates (PEM) trusted for an https:// S3 endpoint besides the system's store.
     #[arg(long, env = "AWS_CA_BUNDLE", value_name = "FILE")]
     pub(crate) s3_ca_file: Option<PathBuf>,
@@ -362,7 +374,8 @@ pub(crate) struct SubmitArgs {
     /// the job: every worker runs its segments at this rate, whatever its own flags.
     #[arg(long, value_parser = parse_speed)]
     pub(crate) speed: Option<f32>,
-    /// Priority recorded with the job (listed by `narrator jobs`).
+    /// Priority: above 0 puts the job's segments in its voice's high lane, which workers
+    /// serve first; 0 or below, the normal lane. Recorded with the job (`narrator jobs`).
     #[arg(long, default_value_t = 0)]
     pub(crate) priority: i32,
     /// One JSON object per job per line.

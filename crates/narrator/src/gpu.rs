@@ -7,8 +7,11 @@
 //! (`--ort-build` forces either). Before loading it, its needed libraries are resolved
 //! as the loader would ([`narrator_hardware::cuda::inspect`]) and NVML is asked for GPUs:
 //! - `--device cuda:N` with a cause: one error line naming it;
-//! - `--device auto` with a cause: one warning naming it, then the CPU build on the CPU,
-//!   the cause kept as [`Selected::fallback`] (a worker's status row shows it);
+//! - `--device auto` with a cause on a machine with an NVIDIA GPU (NVML lists one, or
+//!   the driver's device nodes exist): one warning naming it, then the CPU build on the
+//!   CPU, the cause kept as [`Selected::fallback`] (a worker's status row shows it);
+//! - `--device auto` on a machine with no NVIDIA GPU: the CPU, quietly (the cause is
+//!   logged at debug level; `narrator doctor` still reports it);
 //! - no cause: the libraries found in narrator's folders are loaded first (globally), so
 //!   the provider finds them without `LD_LIBRARY_PATH`.
 
@@ -155,7 +158,7 @@ fn select(paths: &Paths, spec: &str) -> anyhow::Result<Selected> {
             bail!("--device {spec}: CUDA cannot start: {why} (see `narrator doctor` for the fix)")
         }
         Some(why) => {
-            tracing::warn!("--device auto runs on the CPU: CUDA cannot start: {why}");
+            let fallback = auto_fallback(&why, nvidia_gpu_present());
             // The CPU build is the leaner library; the CUDA build runs on the CPU too when
             // it was named explicitly.
             let lib = if paths.explicit_onnxruntime.is_some() || !paths.onnxruntime.is_file() {
@@ -165,7 +168,7 @@ fn select(paths: &Paths, spec: &str) -> anyhow::Result<Selected> {
             };
             Ok(Selected {
                 rt: load_runtime(&lib)?,
-                fallback: Some(format!("CUDA cannot start: {why}")),
+                fallback,
             })
         }
         None => {
@@ -209,9 +212,40 @@ fn preload(_lib: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `--device auto` says when CUDA cannot start for `why`: with a GPU here, a
+/// warning and the cause for the worker's status row; without one, the CPU is simply
+/// the device (a debug line, no fallback).
+fn auto_fallback(why: &str, gpu_present: bool) -> Option<String> {
+    if gpu_present {
+        tracing::warn!("--device auto runs on the CPU: CUDA cannot start: {why}");
+        Some(format!("CUDA cannot start: {why}"))
+    } else {
+        tracing::debug!("--device auto runs on the CPU: no NVIDIA GPU here ({why})");
+        None
+    }
+}
+
+/// Whether this machine has an NVIDIA GPU, usable or not: NVML lists one, or the
+/// kernel driver shows one (`/proc/driver/nvidia/gpus/*`, `/dev/nvidia0`...), which it
+/// does even when the user-space libraries that CUDA needs are missing.
+fn nvidia_gpu_present() -> bool {
+    !narrator_hardware::gpus_now().0.is_empty()
+        || std::fs::read_dir("/proc/driver/nvidia/gpus").is_ok_and(|mut d| d.next().is_some())
+        || (0..16).any(|i| Path::new(&format!("/dev/nvidia{i}")).exists())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::wants;
+    use super::{auto_fallback, wants};
+
+    #[test]
+    fn auto_warns_only_where_a_gpu_is_present() {
+        assert_eq!(
+            auto_fallback("libcuda.so.1 missing", true).as_deref(),
+            Some("CUDA cannot start: libcuda.so.1 missing")
+        );
+        assert_eq!(auto_fallback("libcuda.so.1 missing", false), None);
+    }
 
     #[test]
     fn device_specs_say_whether_a_gpu_may_or_must_be_used() {

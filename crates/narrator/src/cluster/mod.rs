@@ -38,6 +38,7 @@ pub(crate) async fn broker(args: &ServiceArgs, name: &str) -> anyhow::Result<lap
 pub(crate) fn s3_config(args: &ServiceArgs) -> S3Config {
     S3Config {
         endpoint: args.s3_endpoint.clone(),
+        public_endpoint: args.s3_public_endpoint.clone(),
         bucket: args.s3_bucket.clone(),
         region: args.s3_region.clone(),
         ca_file: args.s3_ca_file.clone(),
