@@ -20,6 +20,8 @@ use narrator_s3::{S3AudioStore, S3Config};
 
 pub use narrator_db;
 
+#[cfg(test)]
+mod doc_links;
 pub mod media;
 pub mod otlp;
 pub mod prometheus;

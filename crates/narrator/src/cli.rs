@@ -126,7 +126,8 @@ pub(crate) struct EngineArgs {
     /// arena keeps what calibration and warm-up grew it to; a larger run gives back what
     /// it added, so RSS stays flat over a book), `keep` (ONNX Runtime's default: the arena
     /// keeps its peak, which grows with the largest run seen), `shrink` (unused memory
-    /// goes back after every run; ~10 % slower on CPU) or `off` (no arena).
+    /// goes back after every run; slower on CPU, figures in docs/USAGE.md) or `off` (no
+    /// arena; slower still).
     #[arg(long, env = "NARRATOR_CPU_ARENA", default_value = "bounded")]
     pub(crate) cpu_arena: narrator_engine::CpuArena,
     /// Noise scale (default: the voice's). 0 makes output deterministic.
