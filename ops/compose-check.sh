@@ -25,6 +25,14 @@ bash ops/images.sh
 # The S3 image is built from the s3s-fs binary that setup installs (S3S_FROM=prebuilt).
 bash ops/setup.sh --with-s3 >/dev/null
 python3 -c 'import ensurepip' 2>/dev/null || apt-get install -y -qq python3-venv >/dev/null
+# Containers find each other by service name (postgres, rabbitmq, s3) through the CNI
+# dnsname plugin, which podman only recommends (apt leaves it out with
+# --no-install-recommends): without it the workers cannot resolve `postgres`.
+if ! dpkg-query -W -f='${Status}' golang-github-containernetworking-plugin-dnsname 2>/dev/null | grep -q '^install ok installed$'; then
+    say "installing the CNI dnsname plugin (Debian's golang-github-containernetworking-plugin-dnsname)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        golang-github-containernetworking-plugin-dnsname >/dev/null
+fi
 VENV="$ROOT/.deps/compose-venv"
 if ! "$VENV/bin/podman-compose" --version 2>/dev/null | grep -q "podman-compose version 1.6.0"; then
     say "installing podman-compose 1.6.0 into .deps/compose-venv"
@@ -47,10 +55,13 @@ teardown() {
     # What `down` may leave (a container restarted by hand, its volume).
     podman ps -aq --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME" | xargs -r podman rm -f >/dev/null 2>&1 || true
     podman volume ls -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME" | xargs -r podman volume rm -f >/dev/null 2>&1 || true
+    podman pod rm -f "pod_$COMPOSE_PROJECT_NAME" >/dev/null 2>&1 || true
     rm -rf "$OUT"
 }
 trap teardown EXIT
 pc down -v >/dev/null 2>&1 || true
+# A network made before the dnsname plugin was installed has no DNS: make it again.
+podman network rm -f "${COMPOSE_PROJECT_NAME}_default" >/dev/null 2>&1 || true
 
 say "building the compose images"
 pc build >/dev/null
@@ -71,14 +82,16 @@ for service in postgres rabbitmq; do
 done
 
 say "migrate"
-pc run --rm --no-deps migrate >/dev/null
+pc run --rm --no-deps migrate >"$OUT/migrate.log" 2>&1 || die "migrate failed: $(tail -n 5 "$OUT/migrate.log")"
 say "starting two workers"
 pc up -d --no-deps --scale worker=2 worker >/dev/null
 mapfile -t workers < <(containers worker)
 ((${#workers[@]} == 2)) || die "expected 2 worker containers, found ${#workers[@]}: ${workers[*]}"
 for w in "${workers[@]}"; do
-    for _ in $(seq 180); do podman logs "$w" 2>&1 | grep -q " ready" && break; sleep 2; done
-    podman logs "$w" 2>&1 | grep -q " ready" || die "$w not ready: $(podman logs --tail 20 "$w" 2>&1)"
+    # (The log read whole first: `grep -q` ending a pipe early fails it under pipefail.)
+    is_ready() { grep -q " ready" <<<"$(podman logs "$w" 2>&1)"; }
+    for _ in $(seq 180); do is_ready && break; sleep 2; done
+    is_ready || die "$w not ready: $(podman logs --tail 20 "$w" 2>&1)"
     podman healthcheck run "$w" >/dev/null || die "$w: the image's health check (/healthz) fails"
 done
 say "workers ready and healthy: ${workers[*]}"

@@ -7,6 +7,16 @@
 #   bash ops/images.sh            # -> localhost/narrator:cpu
 #   bash ops/images.sh --gpu      # also localhost/narrator:gpu (built, cannot run here:
 #                                 # no GPU; ~2.4 GB of CUDA libraries from PyPI)
+#   bash ops/images.sh --tag registry.example.com/narrator:0.1.0 [--gpu] [--push]
+#                                 # also tagged REPO:VERSION-cpu (and REPO:VERSION-cuda13),
+#                                 # the names the Kubernetes overlays' `images:` give;
+#                                 # --push pushes them
+#
+# One naming scheme from build to manifest: local builds are localhost/narrator:cpu and
+# :gpu (docker-compose.yml builds narrator:cpu and :gpu itself); a release is
+# REPO/narrator:VERSION-cpu and REPO/narrator:VERSION-cuda13 (the GPU image is tied to its
+# CUDA major version), which ops/kubernetes/overlays/*/kustomization.yaml name under
+# `images:` (the manifests use the logical names narrator-cpu and narrator-gpu).
 #
 # Installs podman, buildah, runc and debootstrap from Debian when missing (as root), and
 # writes /etc/containers/containers.conf when there is none (runc; crun fails on these
@@ -16,15 +26,32 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 say() { printf 'images: %s\n' "$*"; }
 GPU=0
-for arg in "$@"; do
-    case "$arg" in
+TAG=""
+PUSH=0
+while (($#)); do
+    case "$1" in
         --gpu) GPU=1 ;;
+        --push) PUSH=1 ;;
+        --tag)
+            TAG="${2:-}"
+            shift
+            # REPO:VERSION, the version after the last path segment's colon.
+            [[ "${TAG##*/}" == *:?* ]] || {
+                echo "images: --tag needs REPO:VERSION (e.g. registry.example.com/narrator:0.1.0), got '$TAG'" >&2
+                exit 2
+            }
+            ;;
         *)
-            echo "images: unknown option '$arg' (known: --gpu)" >&2
+            echo "images: unknown option '$1' (known: --gpu, --tag REPO:VERSION, --push)" >&2
             exit 2
             ;;
     esac
+    shift
 done
+((PUSH)) && [[ -z "$TAG" ]] && {
+    echo "images: --push needs --tag REPO:VERSION" >&2
+    exit 2
+}
 cd "$ROOT"
 
 need=()
@@ -73,4 +100,17 @@ build_target cpu
 if ((GPU)); then
     bash ops/setup.sh --gpu >/dev/null
     build_target gpu
+fi
+# The release names (see the top of this file), pushed when asked.
+release() {
+    podman tag "localhost/narrator:$1" "$2"
+    say "tagged localhost/narrator:$1 as $2"
+    if ((PUSH)); then
+        podman push "$2"
+        say "pushed $2"
+    fi
+}
+if [[ -n "$TAG" ]]; then
+    release cpu "$TAG-cpu"
+    ((GPU)) && release gpu "$TAG-cuda13"
 fi
