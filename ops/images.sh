@@ -11,6 +11,7 @@
 #                                 # also tagged REPO:VERSION-cpu (and REPO:VERSION-cuda13),
 #                                 # the names the Kubernetes overlays' `images:` give;
 #                                 # --push pushes them
+#   bash ops/images.sh --base-only  # only the Debian base, localhost/debian:bookworm
 #
 # One naming scheme from build to manifest: local builds are localhost/narrator:cpu and
 # :gpu (docker-compose.yml builds narrator:cpu and :gpu itself); a release is
@@ -28,10 +29,12 @@ say() { printf 'images: %s\n' "$*"; }
 GPU=0
 TAG=""
 PUSH=0
+BASE_ONLY=0
 while (($#)); do
     case "$1" in
         --gpu) GPU=1 ;;
         --push) PUSH=1 ;;
+        --base-only) BASE_ONLY=1 ;;
         --tag)
             TAG="${2:-}"
             shift
@@ -42,7 +45,7 @@ while (($#)); do
             }
             ;;
         *)
-            echo "images: unknown option '$1' (known: --gpu, --tag REPO:VERSION, --push)" >&2
+            echo "images: unknown option '$1' (known: --gpu, --tag REPO:VERSION, --push, --base-only)" >&2
             exit 2
             ;;
     esac
@@ -82,6 +85,9 @@ if ! podman image exists localhost/debian:bookworm; then
     tar -C "$rootfs" -c . | podman import - localhost/debian:bookworm >/dev/null
     rm -rf "$rootfs"
 fi
+
+# --base-only: the Debian base alone (ops/fresh-check.sh runs the README in it).
+((BASE_ONLY)) && exit 0
 
 # Always: a binary left by README command 1 is built without the distributed mode.
 cargo build --release --locked -p narrator
