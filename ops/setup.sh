@@ -109,10 +109,10 @@ die() {
 ((WITH_KOKORO)) && ! command -v npm >/dev/null && APT_PACKAGES+=(npm)
 # --test: ffprobe reads the M4B files back; EPUBCheck (Java) checks the read-along EPUBs;
 # Prometheus and promtool scrape a worker and check the alert rules; node/npm fetch the
-# KEDA schemas (ops/k8s-check.sh). PostgreSQL and RabbitMQ when nothing answers on their
+# KEDA schemas and python3-venv holds kubernetes-validate (ops/k8s-check.sh). PostgreSQL and RabbitMQ when nothing answers on their
 # ports (ops/test.sh starts them).
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg epubcheck prometheus)
+((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg epubcheck prometheus python3-venv)
 ((FOR_TESTS)) && ! command -v npm >/dev/null && APT_PACKAGES+=(npm)
 ((FOR_TESTS)) && ! port_open 5432 && APT_PACKAGES+=(postgresql)
 ((FOR_TESTS)) && ! port_open 5672 && APT_PACKAGES+=(rabbitmq-server)
