@@ -5,8 +5,9 @@
 #                              Runtime, voice, espeak-ng data)
 #   ops/setup.sh --with-s3     also the S3-compatible test server s3s-fs (cargo install, a
 #                              few minutes): distributed quick start, chaos and cluster benches
-#   ops/setup.sh --test        what the test suite needs on top: --with-s3 and FFmpeg's CLI
-#                              (the tests read M4B files back with ffprobe)
+#   ops/setup.sh --test        what the test suite needs on top: --with-s3, FFmpeg's CLI
+#                              (the tests read M4B files back with ffprobe) and
+#                              cargo-nextest (ops/test.sh's runner) when not on PATH
 #   ops/setup.sh --with-piper  also .deps/piper-venv with the reference Piper (benchmarks,
 #                              regenerating crates/narrator-phonemes/tests/fixtures)
 #   ops/setup.sh --kokoro      also Kokoro-82M and its 54 voices in .deps/voices/kokoro
@@ -31,6 +32,9 @@
 #                                    cuDNN shared libraries; only with --gpu
 #   s3/s3s-fs/bin/s3s-fs             S3-compatible test server (cargo install; ops/s3-server.sh);
 #                                    only with --with-s3 or --test
+# Tools built from crates.io (s3s-fs, cargo-nextest) are built once per machine into
+# ${XDG_CACHE_HOME:-~/.cache}/narrator/tools/NAME-VERSION and copied from there into a
+# clone: a fresh clone on a machine that built them does not build them again.
 #   ok                               stamp: versions and sizes of the main files
 set -euo pipefail
 
@@ -61,6 +65,8 @@ PY_VERSION=3.11
 PY_PLATFORM=manylinux_2_28_x86_64
 # S3 test server for ops/s3-server.sh (crates.io; 0.14.x is the newest for rustc < 1.96).
 S3S_FS_VERSION=0.14.1
+# The test runner (ops/test.sh), built only where `cargo nextest` is not on PATH.
+NEXTEST_VERSION=0.9.143
 # -----------------------------------------------------------------------------------------
 
 WITH_PIPER=0
@@ -352,22 +358,41 @@ if ((WITH_KOKORO)); then
     bash "$ROOT/ops/install-kokoro.sh" "$DEPS/voices" "$WHEELS" "${KOKORO_ARGS[@]}" || die "installing Kokoro failed (see above)"
 fi
 
-# ---- 5. S3 test server (s3s-fs) ----------------------------------------------------------
-# Built once from crates.io into .deps/s3/s3s-fs (a few minutes on 2 cores); a re-run only
-# asks the binary for its version.
+# ---- 5. tools built from crates.io: the S3 test server (s3s-fs), the test runner ---------
+# Each is built once per machine (a few minutes on 2 cores) into TOOLS/NAME-VERSION; a
+# re-run only asks the binary for its version.
+TOOLS="${XDG_CACHE_HOME:-$HOME/.cache}/narrator/tools"
+# tool NAME VERSION BINARY [cargo install args]: TOOLS/NAME-VERSION/bin/BINARY, built when
+# missing; prints its path.
+tool() {
+    local name="$1" version="$2" bin="$3"
+    shift 3
+    local dir="$TOOLS/$name-$version"
+    if [[ -x "$dir/bin/$bin" ]]; then
+        step "$name $version: built on this machine before ($dir)" >&2
+    else
+        command -v cargo >/dev/null || die "$name: cargo is not on PATH (install Rust with rustup)"
+        step "$name $version: cargo install into $dir (once per machine, a few minutes)" >&2
+        # cargo install builds in its own temporary target folder and copies the binary last.
+        cargo install --quiet --locked --force --root "$dir" "$@" "$name@$version" >&2 ||
+            die "cargo install $name@$version failed (is crates.io reachable?)"
+    fi
+    printf '%s\n' "$dir/bin/$bin"
+}
 S3S_BIN="$DEPS/s3/s3s-fs/bin/s3s-fs"
 if ((!WITH_S3)); then
     : # not asked for: `narrator run` never uses it
 elif [[ -x "$S3S_BIN" && "$("$S3S_BIN" --version 2>/dev/null)" == "s3s-fs $S3S_FS_VERSION" ]]; then
     step "s3s-fs $S3S_FS_VERSION: present"
-elif ! command -v cargo >/dev/null; then
-    step "s3s-fs: skipped (no cargo); narrator-s3's tests need it"
 else
-    step "s3s-fs $S3S_FS_VERSION: cargo install into .deps/s3/s3s-fs (a few minutes)"
-    # cargo install builds in its own temporary target folder and copies the binary last.
-    cargo install --quiet --locked --force --root "$DEPS/s3/s3s-fs" --features binary \
-        "s3s-fs@$S3S_FS_VERSION" || die "cargo install s3s-fs@$S3S_FS_VERSION failed (is crates.io reachable?)"
+    built="$(tool s3s-fs "$S3S_FS_VERSION" s3s-fs --features binary)"
+    mkdir -p "$(dirname "$S3S_BIN")"
+    cp "$built" "$S3S_BIN.tmp" && mv "$S3S_BIN.tmp" "$S3S_BIN"
     [[ "$("$S3S_BIN" --version)" == "s3s-fs $S3S_FS_VERSION" ]] || die "$S3S_BIN is not s3s-fs $S3S_FS_VERSION"
+fi
+if ((FOR_TESTS)) && ! cargo nextest --version >/dev/null 2>&1; then
+    # ops/test.sh puts this folder on PATH when cargo-nextest is not installed otherwise.
+    tool cargo-nextest "$NEXTEST_VERSION" cargo-nextest >/dev/null
 fi
 
 # ---- 6. summary --------------------------------------------------------------------------

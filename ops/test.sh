@@ -52,4 +52,13 @@ bash ops/s3-server.sh start
 # Every Kubernetes manifest, rendered with kustomize and validated against the Kubernetes
 # and KEDA schemas (offline, tools from PyPI and npm).
 bash ops/k8s-check.sh
-cargo test --workspace --locked "$@"
+# The runner: cargo-nextest, every test in a process of its own, several at once
+# (.config/nextest.toml says how many and which may not share the machine); setup built it
+# into its tools folder where it was not installed.
+if ! cargo nextest --version >/dev/null 2>&1; then
+    # (the version ops/setup.sh pins as NEXTEST_VERSION)
+    export PATH="${XDG_CACHE_HOME:-$HOME/.cache}/narrator/tools/cargo-nextest-0.9.143/bin:$PATH"
+fi
+cargo nextest run --workspace --locked "$@"
+# nextest does not run documentation examples: cargo test does.
+cargo test --workspace --locked --doc

@@ -30,8 +30,10 @@ pub mod tls;
 /// The voice every suite uses (shipped by `ops/setup.sh`).
 pub const VOICE: &str = "en_US-joe-medium";
 
-/// One World at a time per test binary: tests share the two CPU cores, and timings in
-/// the worker (heartbeats, leases) must not starve.
+/// One World at a time per test process under `cargo test`: tests share the two CPU
+/// cores, and timings in the worker (heartbeats, leases) must not starve. Under
+/// `ops/test.sh` (cargo-nextest, a process per test) `.config/nextest.toml`'s `world`
+/// group allows two at once.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// With `NARRATOR_TEST_LOG` set (a tracing filter, e.g. `narrator_worker=debug`), what the
@@ -175,6 +177,51 @@ pub async fn create_database(admin: &str, name: &str) {
         .await
         .expect("create database");
     admin_pool.close().await;
+}
+
+/// A fresh database on the shared server (DATABASE_URL) with narrator's schema, for a
+/// test of the data layer; dropped, with its connections, when this is, also after a
+/// failed assertion.
+pub struct TestDb {
+    /// Its pool.
+    pub pool: PgPool,
+    admin: String,
+    name: String,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let admin = admin_url();
+        let name = format!("narrator_db_{}", Uuid::new_v4().simple());
+        create_database(&admin, &name).await;
+        let pool = narrator_db::connect(&database_url_on(&admin, &name))
+            .await
+            .expect("test database");
+        narrator_db::migrate(&pool)
+            .await
+            .expect("migrate the test database");
+        Self { pool, admin, name }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let (admin, name) = (self.admin.clone(), self.name.clone());
+        // Dropped inside the test's runtime, which cannot block: a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                if let Ok(p) = narrator_db::connect(&admin).await {
+                    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                    let _ = sqlx::query(&drop).execute(&p).await;
+                }
+            });
+        })
+        .join();
+    }
 }
 
 /// The S3 settings of the test server.
@@ -340,7 +387,9 @@ impl World {
     /// `env` and waits for its "ready" line; returns its index in [`World::workers`].
     pub fn worker(&mut self, id: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
         let i = self.spawn_worker(id, args, env);
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // Loading and warming a voice takes seconds alone, and a minute or more while the
+        // other tests of the suite load theirs on the same two cores.
+        let deadline = Instant::now() + Duration::from_secs(180);
         loop {
             let text = self.worker_log(id);
             // The worker's own line, not a log line such as "engine ready".
@@ -544,20 +593,22 @@ impl World {
             .rabbitmqctl(&[
                 "-q",
                 "--no-table-headers",
+                // list_channels lists every vhost's channels (it takes no -p): this
+                // world's are picked by their vhost column.
                 "list_channels",
-                "-p",
-                &self.vhost,
+                "vhost",
                 "prefetch_count",
                 "messages_unacknowledged",
                 "consumer_count",
             ])
             .lines()
             .filter_map(|l| {
-                let n: Vec<u64> = l
+                let (vhost, counts) = l.split_once(char::is_whitespace)?;
+                let n: Vec<u64> = counts
                     .split_whitespace()
                     .filter_map(|x| x.parse().ok())
                     .collect();
-                (n.len() == 3 && n[2] > 0).then(|| (n[0], n[1]))
+                (vhost == self.vhost && n.len() == 3 && n[2] > 0).then(|| (n[0], n[1]))
             })
             .collect()
     }

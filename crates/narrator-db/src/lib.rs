@@ -49,8 +49,46 @@ pub use workers::{WorkerInfo, WorkerStatus, heartbeat, list_workers};
 pub use sqlx::PgPool;
 pub use uuid::Uuid;
 
-/// The schema's migrations (root `migrations/`), embedded at build time.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+/// The schema's migrations (root `migrations/`, embedded by build.rs): version,
+/// description, SQL, in version order.
+const MIGRATIONS: &[(i64, &str, &str)] = include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+
+/// The schema's migrations as sqlx runs them (checksums as sqlx's `migrate!` computes
+/// them, so databases migrated by earlier builds stay valid).
+pub async fn migrator() -> Result<sqlx::migrate::Migrator, DbError> {
+    Ok(sqlx::migrate::Migrator::new(Embedded).await?)
+}
+
+/// [`MIGRATIONS`] as a source for sqlx's migrator.
+#[derive(Debug)]
+struct Embedded;
+
+impl<'s> sqlx::migrate::MigrationSource<'s> for Embedded {
+    fn resolve(
+        self,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<Vec<sqlx::migrate::Migration>, sqlx::error::BoxDynError>,
+                > + Send
+                + 's,
+        >,
+    > {
+        let migrations = MIGRATIONS
+            .iter()
+            .map(|&(version, description, sql)| {
+                sqlx::migrate::Migration::new(
+                    version,
+                    description.into(),
+                    sqlx::migrate::MigrationType::Simple,
+                    sql.into(),
+                    false,
+                )
+            })
+            .collect();
+        Box::pin(std::future::ready(Ok(migrations)))
+    }
+}
 
 /// Connects a pool to `url` (`postgres://user@host:port/db`). TLS as libpq: `sslmode`
 /// (`disable`, `prefer` (the default), `require`, `verify-ca`, `verify-full`) and
@@ -80,7 +118,7 @@ pub const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 /// Applies every migration not applied yet (what `narrator migrate` runs).
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
-    MIGRATOR.run(pool).await?;
+    migrator().await?.run(pool).await?;
     Ok(())
 }
 
@@ -97,7 +135,7 @@ pub async fn schema_ready(pool: &PgPool) -> Result<bool, DbError> {
         sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
             .fetch_all(pool)
             .await?;
-    Ok(MIGRATOR.iter().all(|m| applied.contains(&m.version)))
+    Ok(MIGRATIONS.iter().all(|m| applied.contains(&m.0)))
 }
 
 /// Seconds of a `Duration` as a bind for `make_interval(secs => $n)`.

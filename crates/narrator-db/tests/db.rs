@@ -1,5 +1,5 @@
-//! narrator-db against a real Postgres: each `#[sqlx::test]` gets a fresh database with
-//! the migrations applied. Needs DATABASE_URL (`bash ops/test.sh` sets it and starts
+//! narrator-db against a real Postgres: each test gets a fresh database with the
+//! migrations applied (`TestDb`, dropped after the test). Needs DATABASE_URL (`bash ops/test.sh` sets it and starts
 //! Postgres); without it these tests fail, they do not skip.
 
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use narrator_db::{
     create_job, fail_job, finish_job, finished_segments, heartbeat, job_status, list_jobs,
     list_workers, mark_published, record_segment, record_segments, unpublished,
 };
+use narrator_test_support::TestDb;
 use sqlx::PgPool;
 
 #[test]
@@ -128,8 +129,10 @@ async fn counters(pool: &PgPool, job: narrator_db::Uuid) -> (JobState, u32, f64)
     )
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn a_job_is_recorded_with_its_segments_and_completes_on_the_last(pool: PgPool) {
+#[tokio::test]
+async fn a_job_is_recorded_with_its_segments_and_completes_on_the_last() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let p = plan(2, 3);
     let job = create_job(&pool, &p, "opus", 5).await.expect("create");
     let s = job_status(&pool, job)
@@ -212,8 +215,10 @@ async fn a_job_is_recorded_with_its_segments_and_completes_on_the_last(pool: PgP
     assert!(listed.contains(&job) && listed.contains(&again));
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn a_duplicate_record_changes_nothing(pool: PgPool) {
+#[tokio::test]
+async fn a_duplicate_record_changes_nothing() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let job = create_job(&pool, &plan(1, 2), "wav", 0)
         .await
         .expect("create");
@@ -271,8 +276,10 @@ fn packed(index: u32, key: &str, offset: u64) -> SegmentRecord {
     }
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn a_group_of_records_is_one_statement_with_the_same_rules(pool: PgPool) {
+#[tokio::test]
+async fn a_group_of_records_is_one_statement_with_the_same_rules() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let job = create_job(&pool, &plan(1, 5), "wav", 0)
         .await
         .expect("create");
@@ -343,8 +350,10 @@ async fn a_group_of_records_is_one_statement_with_the_same_rules(pool: PgPool) {
     assert!(record_segments(&pool, job2, &[empty]).await.is_err());
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn overlapping_groups_recorded_at_once_count_each_segment_once(pool: PgPool) {
+#[tokio::test]
+async fn overlapping_groups_recorded_at_once_count_each_segment_once() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let job = create_job(&pool, &plan(1, 40), "wav", 0)
         .await
         .expect("create");
@@ -374,8 +383,10 @@ async fn overlapping_groups_recorded_at_once_count_each_segment_once(pool: PgPoo
     assert_eq!(counters(&pool, job).await, (JobState::Running, 38, 38.0));
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn concurrent_records_of_one_segment_count_once(pool: PgPool) {
+#[tokio::test]
+async fn concurrent_records_of_one_segment_count_once() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let job = create_job(&pool, &plan(1, 3), "wav", 0)
         .await
         .expect("create");
@@ -397,8 +408,10 @@ async fn concurrent_records_of_one_segment_count_once(pool: PgPool) {
     assert_eq!(counters(&pool, job).await, (JobState::Running, 1, 1.0));
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn exactly_one_concurrent_claim_wins(pool: PgPool) {
+#[tokio::test]
+async fn exactly_one_concurrent_claim_wins() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let job = create_job(&pool, &plan(1, 2), "wav", 0)
         .await
         .expect("create");
@@ -428,8 +441,10 @@ async fn exactly_one_concurrent_claim_wins(pool: PgPool) {
     assert_eq!(counters(&pool, job).await.0, JobState::Assembling);
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn the_outbox_lists_segments_until_they_are_published(pool: PgPool) {
+#[tokio::test]
+async fn the_outbox_lists_segments_until_they_are_published() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let job = create_job(&pool, &plan(1, 4), "wav", 0)
         .await
         .expect("create");
@@ -477,8 +492,10 @@ async fn the_outbox_lists_segments_until_they_are_published(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn views_give_rtf_and_latency_from_timestamps(pool: PgPool) {
+#[tokio::test]
+async fn views_give_rtf_and_latency_from_timestamps() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let job = create_job(&pool, &plan(1, 2), "wav", 0)
         .await
         .expect("create");
@@ -554,8 +571,10 @@ async fn views_give_rtf_and_latency_from_timestamps(pool: PgPool) {
     assert_eq!(ws[0].recent_segments, 1);
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn a_group_of_deliveries_is_checked_in_one_query_in_order(pool: PgPool) {
+#[tokio::test]
+async fn a_group_of_deliveries_is_checked_in_one_query_in_order() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     use narrator_db::{SegmentCheck, check_segment, check_segments};
     let live = create_job(&pool, &plan(1, 3), "wav", 0)
         .await
@@ -598,8 +617,10 @@ async fn a_group_of_deliveries_is_checked_in_one_query_in_order(pool: PgPool) {
     assert!(check_segments(&pool, &[]).await.expect("none").is_empty());
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn a_delivery_whose_text_or_speaker_is_not_the_databases_is_a_mismatch(pool: PgPool) {
+#[tokio::test]
+async fn a_delivery_whose_text_or_speaker_is_not_the_databases_is_a_mismatch() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     use narrator_db::{DeliveryKey, SegmentCheck, check_deliveries};
     let job = create_job(&pool, &plan(2, 1), "wav", 0)
         .await
@@ -645,8 +666,10 @@ async fn a_delivery_whose_text_or_speaker_is_not_the_databases_is_a_mismatch(poo
     );
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn cancel_and_fail_end_a_job_once(pool: PgPool) {
+#[tokio::test]
+async fn cancel_and_fail_end_a_job_once() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let a = create_job(&pool, &plan(1, 2), "wav", 0)
         .await
         .expect("create");
@@ -705,8 +728,10 @@ async fn cancel_and_fail_end_a_job_once(pool: PgPool) {
     assert!(job_status(&pool, nobody).await.expect("status").is_none());
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn constraint_violations_are_domain_errors(pool: PgPool) {
+#[tokio::test]
+async fn constraint_violations_are_domain_errors() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let mut p = plan(1, 3);
     p.segments[2].index = 1;
     let e = create_job(&pool, &p, "wav", 0)
@@ -724,8 +749,10 @@ async fn constraint_violations_are_domain_errors(pool: PgPool) {
     assert!(list_jobs(&pool, 10).await.expect("list").is_empty());
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn the_state_store_seam_records_into_postgres(pool: PgPool) {
+#[tokio::test]
+async fn the_state_store_seam_records_into_postgres() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let p = plan(1, 3);
     let job = create_job(&pool, &p, "wav", 0).await.expect("create");
     let any = PgStateStore::new(pool.clone());
@@ -765,8 +792,10 @@ async fn the_state_store_seam_records_into_postgres(pool: PgPool) {
     assert_eq!(counters(&pool, job).await.1, 2);
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn fifteen_hundred_segments_insert_in_one_statement(pool: PgPool) {
+#[tokio::test]
+async fn fifteen_hundred_segments_insert_in_one_statement() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let p = plan(12, 125);
     let t = Instant::now();
     let job = create_job(&pool, &p, "opus", 0).await.expect("create");
@@ -807,8 +836,10 @@ fn bench_row(hardware: &str, rtf: f64) -> narrator_db::BenchRow {
     }
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn the_fleet_table_is_the_newest_run_per_hardware_and_voice(pool: PgPool) {
+#[tokio::test]
+async fn the_fleet_table_is_the_newest_run_per_hardware_and_voice() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     use narrator_db::{bench_table_exists, fleet_bench, record_bench};
     assert!(bench_table_exists(&pool).await.expect("check"));
     assert!(fleet_bench(&pool).await.expect("empty").is_empty());
@@ -859,8 +890,10 @@ fn worker_row(id: &str, instance: narrator_db::Uuid) -> WorkerInfo {
     }
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn migrate_makes_one_cluster_id(pool: PgPool) {
+#[tokio::test]
+async fn migrate_makes_one_cluster_id() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let a = narrator_db::cluster_id(&pool).await.expect("cluster id");
     assert_eq!(narrator_db::cluster_id(&pool).await.expect("again"), a);
     // A second row is refused: one database, one cluster.
@@ -872,8 +905,10 @@ async fn migrate_makes_one_cluster_id(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn an_assembly_claimed_by_a_process_that_restarted_under_its_id_is_taken_over(pool: PgPool) {
+#[tokio::test]
+async fn an_assembly_claimed_by_a_process_that_restarted_under_its_id_is_taken_over() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let stale = Duration::from_secs(30);
     let job = create_job(&pool, &plan(1, 1), "wav", 0)
         .await
@@ -917,8 +952,10 @@ async fn an_assembly_claimed_by_a_process_that_restarted_under_its_id_is_taken_o
     assert_eq!((assembler.as_str(), instance), ("other:1", other));
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn a_worker_is_judged_gone_by_its_own_heartbeat_not_the_observers(pool: PgPool) {
+#[tokio::test]
+async fn a_worker_is_judged_gone_by_its_own_heartbeat_not_the_observers() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     use narrator_db::{DeliveryKey, check_deliveries};
     let job = create_job(&pool, &plan(1, 2), "wav", 0)
         .await
@@ -987,8 +1024,10 @@ async fn a_worker_is_judged_gone_by_its_own_heartbeat_not_the_observers(pool: Pg
     assert_eq!(taken, [job]);
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn a_postponed_assembly_waits_for_its_time_then_is_claimed_again(pool: PgPool) {
+#[tokio::test]
+async fn a_postponed_assembly_waits_for_its_time_then_is_claimed_again() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let me = narrator_db::Uuid::new_v4();
     heartbeat(&pool, &worker_row("w", me), 0)
         .await
@@ -1033,8 +1072,10 @@ async fn a_postponed_assembly_waits_for_its_time_then_is_claimed_again(pool: PgP
     assert_eq!(swept, [job]);
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given_up(pool: PgPool) {
+#[tokio::test]
+async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given_up() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let voices = vec!["en_US-joe-medium".to_string()];
     let lease = Duration::from_secs(60);
     let job = create_job(&pool, &plan(1, 3), "wav", 0)
@@ -1101,8 +1142,10 @@ async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given
     );
 }
 
-#[sqlx::test(migrator = "narrator_db::MIGRATOR")]
-async fn a_retry_gives_every_failed_segment_a_whole_new_budget(pool: PgPool) {
+#[tokio::test]
+async fn a_retry_gives_every_failed_segment_a_whole_new_budget() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     use narrator_db::{DeliveryKey, RetryOutcome, check_deliveries, retry_job};
     let job = create_job(&pool, &plan(1, 3), "wav", 0)
         .await

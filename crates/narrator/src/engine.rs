@@ -223,7 +223,12 @@ fn compare_graphs(
     let other_pool = cpu_pool(sessions, intra, Some(other))?;
     let other_load = rss_added_since(rss_before);
     let (a, b) = tokio::task::block_in_place(|| {
-        narrator_pipeline::calibrate::compare_graphs(synth, &other_pool, ITEM_TOKENS, 3)
+        narrator_pipeline::calibrate::compare_graphs(
+            synth,
+            &other_pool,
+            ITEM_TOKENS,
+            calibration_effort().0,
+        )
     })
     .with_context(|| format!("comparing the graphs {default_graph} and {other} of voice {name}"))?;
     let point = |graph: &str, m: &narrator_pipeline::calibrate::Measured, load: Option<u64>| {
@@ -322,6 +327,18 @@ fn test_memory_limit() -> Option<usize> {
     std::env::var("NARRATOR_TEST_GPU_MEMORY_TOKENS")
         .ok()
         .and_then(|v| v.parse().ok())
+}
+
+/// How a calibration measures: rounds of each side-by-side comparison (layouts, graphs)
+/// and the batch sweep's time budget. Test hook: `NARRATOR_TEST_QUICK_CALIBRATION` set
+/// makes it one round and batch 1 only, for tests of what a calibration records and how
+/// runs use it rather than of what it measures (Kokoro's takes minutes on two cores).
+fn calibration_effort() -> (usize, std::time::Duration) {
+    if std::env::var_os("NARRATOR_TEST_QUICK_CALIBRATION").is_some() {
+        (1, std::time::Duration::ZERO)
+    } else {
+        (3, std::time::Duration::from_secs(25))
+    }
 }
 
 /// Loads the runtime, the sessions and the phonemizer for `voice`, and plans its batches.
@@ -514,7 +531,7 @@ pub(crate) fn load_with(
                         &synth,
                         &default_pool,
                         ITEM_TOKENS,
-                        3,
+                        calibration_effort().0,
                     )
                 })
                 .with_context(|| format!("comparing thread layouts for voice {name}"))?;
@@ -627,7 +644,7 @@ pub(crate) fn load_with(
                 runtime: runtime.clone(),
                 item_tokens: ITEM_TOKENS,
                 max_batch: 256,
-                max_duration: std::time::Duration::from_secs(25),
+                max_duration: calibration_effort().1,
                 knee_gain: limits.knee_gain,
                 memory_limit: (free as f64 * (1.0 - limits.safety_margin)) as u64,
                 memory_now: &memory_now,

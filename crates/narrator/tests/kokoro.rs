@@ -204,10 +204,14 @@ fn bad_kokoro_voices_get_one_line() {
     assert!(err.contains("narrator voices install kokoro"), "{err}");
 }
 
-/// `narrator` with calibrations cached in `cache`, its JSON output on success.
+/// `narrator` with calibrations cached in `cache`, its JSON output on success. A quick
+/// calibration (one round a comparison, batch 1 only): what is tested here is what it
+/// records and how runs use it, not what it measures.
 fn json_in(cache: &Path, args: &[&str], graph_env: Option<&str>) -> serde_json::Value {
     let mut cmd = narrator();
-    cmd.env("NARRATOR_CACHE_DIR", cache).args(args);
+    cmd.env("NARRATOR_CACHE_DIR", cache)
+        .env("NARRATOR_TEST_QUICK_CALIBRATION", "1")
+        .args(args);
     match graph_env {
         Some(g) => cmd.env("NARRATOR_KOKORO_GRAPH", g),
         None => cmd.env_remove("NARRATOR_KOKORO_GRAPH"),
@@ -239,9 +243,10 @@ fn a_calibration_times_both_kokoro_graphs_and_runs_keep_its_choice() {
             "--json",
             "--calibrate",
             "always",
-            // The layout fixed (not measured: that is the Piper tests' part), to save time.
+            // The layout fixed (not measured: that is the Piper tests' part), one session (each
+            // loads the graph), to save time.
             "--sessions",
-            "2",
+            "1",
             "--intra-threads",
             "1",
         ],
@@ -285,7 +290,7 @@ fn a_calibration_times_both_kokoro_graphs_and_runs_keep_its_choice() {
                 "--format",
                 "wav",
                 "--sessions",
-                "2",
+                "1",
                 "--intra-threads",
                 "1",
                 "--out",
@@ -306,7 +311,7 @@ fn a_calibration_times_both_kokoro_graphs_and_runs_keep_its_choice() {
             "af_heart",
             "--json",
             "--sessions",
-            "2",
+            "1",
             "--intra-threads",
             "1",
         ],
