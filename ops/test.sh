@@ -71,8 +71,8 @@ tail -n 1 "$build_log"
 # (.config/nextest.toml says how many and which may not share the machine); setup built it
 # into its tools folder where it was not installed.
 if ! cargo nextest --version >/dev/null 2>&1; then
-    # (the version ops/setup.sh pins as NEXTEST_VERSION)
-    export PATH="${XDG_CACHE_HOME:-$HOME/.cache}/narrator/tools/cargo-nextest-0.9.143/bin:$PATH"
+    nextest_version="$(sed -n 's/^NEXTEST_VERSION=//p' ops/setup.sh)"
+    export PATH="${XDG_CACHE_HOME:-$HOME/.cache}/narrator/tools/cargo-nextest-$nextest_version/bin:$PATH"
 fi
 cargo nextest run --workspace --locked "$@"
 # nextest does not run documentation examples: cargo test does.
