@@ -48,7 +48,13 @@ bash -c 'bash ops/test.sh' >/out/cmd2.log 2>&1
 echo "command 2: exit $? in $(($(date +%s) - t)) s" | tee -a /out/cmd2.log
 INNER
 
-podman run --rm \
+# The shared corpus beside the checkout (../shared: Alice's 12 chapters, which the text and
+# pipeline tests read), read-only where this checkout has one; --privileged for the fault
+# test that mounts a small tmpfs (CI runs the command as root on the machine itself).
+SHARED=()
+[[ -d "$ROOT/../shared/corpus" ]] && SHARED=(-v "$(cd "$ROOT/.." && pwd)/shared:/shared:ro")
+podman run --rm --privileged \
+    "${SHARED[@]}" \
     -v "$WORK/narrator:/src" \
     -v "$WORK/run.sh:/run.sh:ro" \
     -v "$OUT:/out" \

@@ -1012,12 +1012,37 @@ fn give_to(user: &str, dir: &Path) {
 }
 
 fn as_postgres(program: &str) -> Command {
+    let program = postgres_program(program);
     if is_root() {
         let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--", program]);
+        c.arg("-u").arg("postgres").arg("--").arg(program);
         c
     } else {
         Command::new(program)
+    }
+}
+
+/// `initdb` or `pg_ctl`: on PATH where it is, else in Debian's versioned folder
+/// (`/usr/lib/postgresql/<newest>/bin`, where the `postgresql` package puts them without
+/// a link on PATH).
+fn postgres_program(program: &str) -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(program).is_file()));
+    if on_path {
+        return PathBuf::from(program);
+    }
+    let newest = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .max();
+    match newest {
+        Some(v) => Path::new("/usr/lib/postgresql")
+            .join(v.to_string())
+            .join("bin")
+            .join(program),
+        None => PathBuf::from(program),
     }
 }
 
