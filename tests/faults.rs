@@ -361,7 +361,9 @@ fn a_broker_restart_is_survived_and_a_broker_gone_for_good_stops_the_worker() {
         amqp_port: rabbit.port,
         ..Services::shared()
     });
-    let worker = w.worker("b1", &["--engine", "null", "--broker-timeout", "15"], &[]);
+    // The restart is 5 s plus the node's start, which has taken over 10 s on two busy
+    // cores: a timeout well above that, so only "gone for good" stops the worker.
+    let worker = w.worker("b1", &["--engine", "null", "--broker-timeout", "30"], &[]);
     let first = w.submit(
         &w.book("before.md", &book_text(1, 4, None)),
         &["--format", "wav"],

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Generate the control-plane benchmark text: N short, distinct sentences in Markdown.
 
-Usage: cluster_text.py N OUT.md [--chapters C]   (default C = 10)
+Usage: cluster_text.py N OUT.md [--chapters C] [--first K]   (default C = 10, K = 0)
 
 Each sentence is one narrator segment (narrator splits at ". " + capital letter, and these
-sentences are far below its length cap). Sentences are grouped 5 to a paragraph under
+sentences are far below its length cap); --first K numbers them from K + 1, so books
+made with different K share no sentence. Sentences are grouped 5 to a paragraph under
 "# Chapter k" headings (the heading becomes the chapter title, not a segment). Every
 sentence differs (a counter and rotating words), so no two segments share a text.
 """
@@ -29,10 +30,14 @@ def sentence(i):
 
 
 def main(argv):
-    chapters = 10
+    chapters, first = 10, 0
     if "--chapters" in argv:
         k = argv.index("--chapters")
         chapters = int(argv[k + 1])
+        del argv[k : k + 2]
+    if "--first" in argv:
+        k = argv.index("--first")
+        first = int(argv[k + 1])
         del argv[k : k + 2]
     if len(argv) != 2:
         sys.exit(__doc__)
@@ -41,7 +46,7 @@ def main(argv):
         sys.exit("N and C must be positive")
     chapters = min(chapters, n)
     per = [n // chapters + (1 if c < n % chapters else 0) for c in range(chapters)]
-    lines, i = [], 0
+    lines, i = [], first
     for c, count in enumerate(per):
         lines.append("# Chapter %d\n" % (c + 1))
         sents = [sentence(i + k) for k in range(count)]

@@ -236,6 +236,37 @@ pub fn s3_config() -> S3Config {
 /// A segment row: (index, state, attempts, failure kind, failure reason).
 pub type SegmentRow = (i32, String, i32, Option<String>, Option<String>);
 
+/// Postgres' cumulative counters of one database (pg_stat_database).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DbCounts {
+    /// Transactions committed and rolled back.
+    pub transactions: i64,
+    /// Rows inserted.
+    pub inserted: i64,
+    /// Rows updated.
+    pub updated: i64,
+    /// Rows deleted.
+    pub deleted: i64,
+    /// Rows read by sequential scans and index scans (before filters).
+    pub returned: i64,
+    /// Rows fetched from the table by index scans.
+    pub fetched: i64,
+}
+
+impl std::ops::Sub for DbCounts {
+    type Output = Self;
+    fn sub(self, o: Self) -> Self {
+        Self {
+            transactions: self.transactions - o.transactions,
+            inserted: self.inserted - o.inserted,
+            updated: self.updated - o.updated,
+            deleted: self.deleted - o.deleted,
+            returned: self.returned - o.returned,
+            fetched: self.fetched - o.fetched,
+        }
+    }
+}
+
 /// One test's world: its database, its broker vhost, its worker processes, a folder.
 pub struct World {
     /// A runtime for the test's own service calls.
@@ -554,6 +585,48 @@ impl World {
                 .fetch_all(&self.pool),
             )
             .expect("segments")
+    }
+
+    /// Postgres' counters of this world's database (pg_stat_database: what every session
+    /// on it did since it was created) once they stop moving: sessions publish their
+    /// counts when they end or idle, so stop the world's workers (and close
+    /// [`World::pool`]) first. Read from the admin database: a session on this one would
+    /// count its own reading.
+    pub fn settled_db_counts(&self) -> DbCounts {
+        let admin = self.services.admin_url.clone();
+        let name = self.db_names[0].clone();
+        self.rt.block_on(async move {
+            let pool = narrator_db::connect(&admin).await.expect("admin database");
+            let read = || async {
+                let row: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+                    "SELECT xact_commit + xact_rollback, tup_inserted, tup_updated, tup_deleted, \
+                       tup_returned, tup_fetched FROM pg_stat_database WHERE datname = $1",
+                )
+                .bind(&name)
+                .fetch_one(&pool)
+                .await
+                .expect("pg_stat_database");
+                DbCounts {
+                    transactions: row.0,
+                    inserted: row.1,
+                    updated: row.2,
+                    deleted: row.3,
+                    returned: row.4,
+                    fetched: row.5,
+                }
+            };
+            let mut last = read().await;
+            for _ in 0..30 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let now = read().await;
+                if now == last {
+                    break;
+                }
+                last = now;
+            }
+            pool.close().await;
+            last
+        })
     }
 
     /// A connection to this world's vhost.

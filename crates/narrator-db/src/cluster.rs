@@ -74,7 +74,7 @@ pub async fn check_segments(
     let rows = sqlx::query(
         "SELECT i.n, j.state AS job_state, s.state AS seg_state \
          FROM unnest($1::uuid[], $2::int4[]) WITH ORDINALITY AS i(job_id, idx, n) \
-         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
+         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx AND s.idx = ANY($2) \
          LEFT JOIN jobs j ON j.id = s.job_id ORDER BY i.n",
     )
     .bind(&jobs)
@@ -175,7 +175,7 @@ pub async fn check_deliveries(
            coalesce(j.settings ? 'subtitles' OR j.settings->>'epub3' = 'word', false) AS timed \
          FROM unnest($1::uuid[], $2::int4[], $3::bool[], $6::text[], $7::int8[]) \
            WITH ORDINALITY AS i(job_id, idx, returned, text, speaker, n) \
-         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
+         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx AND s.idx = ANY($2) \
          LEFT JOIN jobs j ON j.id = s.job_id ORDER BY i.n",
     )
     .bind(&jobs)
@@ -238,10 +238,12 @@ pub async fn check_deliveries(
         sqlx::query(
             "WITH c AS (UPDATE segments s SET engine_crashes = s.engine_crashes + 1, engine_by = NULL \
                FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
-               WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.engine_by IS NOT NULL RETURNING 1) \
+               WHERE s.job_id = ANY($1) AND s.idx = ANY($2) AND s.job_id = k.job_id \
+                 AND s.idx = k.idx AND s.engine_by IS NOT NULL RETURNING 1) \
              UPDATE segments s SET returns = s.returns + 1 \
                FROM unnest($3::uuid[], $4::int4[]) AS k(job_id, idx) \
-               WHERE s.job_id = k.job_id AND s.idx = k.idx",
+               WHERE s.job_id = ANY($3) AND s.idx = ANY($4) AND s.job_id = k.job_id \
+                 AND s.idx = k.idx",
         )
         .bind(&cj)
         .bind(&ci)
@@ -252,6 +254,10 @@ pub async fn check_deliveries(
     }
     Ok(out)
 }
+
+// The statements that update segments from arrays of keys also say `s.job_id = ANY(..)
+// AND s.idx = ANY(..)`: the planner then finds them through the primary key whatever
+// plan a prepared statement settles on, never by reading a whole job's segments.
 
 /// Marks segments as being in `instance`'s engine (`in_engine` true, just before their
 /// batch runs: should the process die, the next delivery of each tells a crash, see
@@ -271,7 +277,8 @@ pub async fn mark_in_engine(
     sqlx::query(
         "UPDATE segments s SET engine_by = CASE WHEN $4 THEN $3 END \
          FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
-         WHERE s.job_id = k.job_id AND s.idx = k.idx AND ($4 OR s.engine_by = $3)",
+         WHERE s.job_id = ANY($1) AND s.idx = ANY($2) AND s.job_id = k.job_id \
+           AND s.idx = k.idx AND ($4 OR s.engine_by = $3)",
     )
     .bind(&jobs)
     .bind(&idx)
@@ -628,12 +635,15 @@ pub async fn voice_outstanding(
     voices: &[String],
     stale: Duration,
 ) -> Result<Vec<VoiceOutstanding>, DbError> {
-    // Workers write `stale_after_s` as 6 heartbeats.
+    // Outstanding: the pending segments of the voice's unfinished jobs (from their
+    // counters) less those never published (segments_unpublished_idx), so the look costs
+    // the same for any book. Workers write `stale_after_s` as 6 heartbeats.
     let rows: Vec<(String, i64, i64, f64)> = sqlx::query_as(
         "SELECT v.voice, \
-           (SELECT count(*) FROM jobs j JOIN segments s ON s.job_id = j.id \
-             WHERE j.voice = v.voice AND j.state IN ('queued', 'running') \
-               AND s.state = 'pending' AND s.published_at IS NOT NULL), \
+           (SELECT coalesce(sum(j.segments_total - j.segments_done - j.segments_failed \
+                - (SELECT count(*) FROM segments s WHERE s.job_id = j.id \
+                     AND s.published_at IS NULL AND s.state = 'pending')), 0)::bigint \
+             FROM jobs j WHERE j.voice = v.voice AND j.state IN ('queued', 'running')), \
            coalesce(h.held, 0)::bigint, coalesce(h.stale, 0) / 6 \
          FROM unnest($1::text[]) AS v(voice) \
          LEFT JOIN LATERAL ( \
@@ -854,8 +864,18 @@ pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError
 /// segment does not stop its job's other segments; the job fails once they are done,
 /// so `narrator retry` only has the failed ones left to do. Returns the jobs it ended.
 pub async fn fail_settled_jobs(exec: impl PgExecutor<'_>) -> Result<Vec<Uuid>, DbError> {
+    // The counters on the job row find the settled jobs among the unfinished ones
+    // (jobs_unfinished_idx); the first failed segment comes from segments_failed_idx.
     let rows = sqlx::query(
-        "UPDATE jobs j SET state = 'failed', finished_at = now(), failure_kind = 'segment_failed',            failure_reason = format('%s of %s segments failed (first: segment %s: %s); fix the              cause, then run `narrator retry %s`', f.n, j.segments_total, f.idx, f.reason, j.id)          FROM (SELECT job_id, count(*) AS n, min(idx) AS idx,                       (array_agg(failure_reason ORDER BY idx))[1] AS reason                FROM segments WHERE state = 'failed' GROUP BY job_id) f          WHERE f.job_id = j.id AND j.state IN ('queued', 'running')            AND j.segments_done + f.n = j.segments_total          RETURNING j.id",
+        "UPDATE jobs j SET state = 'failed', finished_at = now(), failure_kind = 'segment_failed', \
+           failure_reason = ( \
+             SELECT format('%s of %s segments failed (first: segment %s: %s); fix the cause, \
+                            then run `narrator retry %s`', \
+                           j.segments_failed, j.segments_total, s.idx, s.failure_reason, j.id) \
+             FROM segments s WHERE s.job_id = j.id AND s.state = 'failed' ORDER BY s.idx LIMIT 1) \
+         WHERE j.state IN ('queued', 'running') AND j.segments_failed > 0 \
+           AND j.segments_done + j.segments_failed = j.segments_total \
+         RETURNING j.id",
     )
     .fetch_all(exec)
     .await?;

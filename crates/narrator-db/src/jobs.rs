@@ -179,7 +179,29 @@ pub async fn create_job(
         .map_err(|e| DbError::on_job(id, e))?;
     }
     tx.commit().await?;
+    refresh_segment_statistics(pool, n).await;
     Ok(id)
+}
+
+/// Gives the planner statistics of `segments` when it has none (a fresh database: until
+/// autovacuum's first analyze, a minute or more later) or when the `added` segments of a
+/// new job are more than the table held at its last analyze (it at least doubled). Without
+/// them it guesses that a job has a couple of segments and finds a batch's segments by
+/// reading all of the job's and filtering (every batch then costs the length of the
+/// book); with them, through the primary key. At most once per doubling of the table;
+/// a failure (no right to analyze) only leaves it to autovacuum.
+async fn refresh_segment_statistics(pool: &PgPool, added: usize) {
+    let stale: Result<bool, sqlx::Error> = sqlx::query_scalar(
+        "SELECT reltuples < 0 OR reltuples < $1 FROM pg_class WHERE oid = 'segments'::regclass",
+    )
+    .bind(added as f64)
+    .fetch_one(pool)
+    .await;
+    if let Ok(true) = stale
+        && let Err(e) = sqlx::query("ANALYZE segments").execute(pool).await
+    {
+        tracing::debug!(error = %e, "cannot analyze segments; autovacuum will");
+    }
 }
 
 /// Runs a conditional state change written as
@@ -422,19 +444,15 @@ pub async fn job_state(exec: impl PgExecutor<'_>, job: Uuid) -> Result<Option<Jo
     state.as_deref().map(JobState::parse).transpose()
 }
 
-/// A job's status with per-chapter progress; `None` if there is no such job.
+/// A job's status with per-chapter progress; `None` if there is no such job. One row
+/// read: the progress is kept on the job's row, so a poll costs the same for any book.
 pub async fn job_status(
     exec: impl PgExecutor<'_>,
     job: Uuid,
 ) -> Result<Option<JobStatus>, DbError> {
     let row = sqlx::query(
-        "SELECT v.*, j.chapters, j.warnings, \
-           (SELECT coalesce(jsonb_agg(jsonb_build_array(c.chapter, c.total, c.done, c.audio) \
-                                      ORDER BY c.chapter), '[]'::jsonb) \
-            FROM (SELECT chapter, count(*) AS total, count(*) FILTER (WHERE state = 'done') AS done, \
-                         coalesce(sum(audio_seconds) FILTER (WHERE state = 'done'), 0) AS audio \
-                  FROM segments WHERE job_id = j.id GROUP BY chapter) c) AS progress \
-           , j.rescues, j.assembly_retry_at, j.assembly_attempts, j.assembly_error, j.assembler, \
+        "SELECT v.*, j.chapters, j.warnings, j.chapter_done, j.chapter_audio, j.rescues, \
+           j.assembly_retry_at, j.assembly_attempts, j.assembly_error, j.assembler, \
            EXTRACT(EPOCH FROM now() - greatest(j.created_at, j.progress_at, j.rescued_at))::float8 \
              AS idle_seconds, \
            (SELECT count(*) FROM workers w \
@@ -451,26 +469,23 @@ pub async fn job_status(
     let Some(row) = row else { return Ok(None) };
     let Json(plans): Json<Vec<ChapterPlan>> = row.try_get("chapters")?;
     let Json(warnings): Json<Vec<String>> = row.try_get("warnings")?;
-    let Json(progress): Json<Vec<(u32, u32, u32, f64)>> = row.try_get("progress")?;
+    // Kept on the job's row by record_segments; shorter than the chapter list until the
+    // later chapters have progress.
+    let done: Vec<i32> = row.try_get("chapter_done")?;
+    let audio: Vec<f64> = row.try_get("chapter_audio")?;
     let chapters = plans
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let index = u32::try_from(i).unwrap_or(u32::MAX);
-            let (_, total, done, audio) = progress
-                .iter()
-                .copied()
-                .find(|p| p.0 == index)
-                .unwrap_or((index, c.segment_count, 0, 0.0));
-            ChapterProgress {
-                index,
+            Ok(ChapterProgress {
+                index: u32::try_from(i).unwrap_or(u32::MAX),
                 title: c.title,
-                segments_total: total,
-                segments_done: done,
-                audio_seconds: audio,
-            }
+                segments_total: c.segment_count,
+                segments_done: unsigned("chapter_done", done.get(i).copied().unwrap_or(0).into())?,
+                audio_seconds: audio.get(i).copied().unwrap_or(0.0),
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>, DbError>>()?;
     let summary = summary(&row)?;
     let waiting = waiting(&row, summary.state)?;
     Ok(Some(JobStatus {

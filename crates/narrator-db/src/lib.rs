@@ -19,6 +19,7 @@ mod calibrations;
 mod cluster;
 mod error;
 mod jobs;
+mod prune;
 mod segments;
 mod store;
 mod workers;
@@ -39,12 +40,13 @@ pub use jobs::{
     ChapterProgress, JobState, JobStatus, JobSummary, cancel_job, claim_assembly, create_job,
     fail_job, finish_job, job_state, job_status, list_jobs,
 };
+pub use prune::{PrunableJob, delete_ended_job, prunable_jobs};
 pub use segments::{
     RecordOutcome, RecordsOutcome, fail_segment, finished_segments, mark_published, record_segment,
     record_segments, unpublished,
 };
 pub use store::PgStateStore;
-pub use workers::{WorkerInfo, WorkerStatus, heartbeat, list_workers};
+pub use workers::{WorkerInfo, WorkerStatus, heartbeat, list_workers, served_voices};
 
 pub use sqlx::PgPool;
 pub use uuid::Uuid;

@@ -60,7 +60,8 @@ pub async fn record_segment(
 const DEADLOCK: &str = "40P01";
 
 /// Records several finished segments of one job in one statement: the segments not yet
-/// done are updated and the job's counters move by their sum, so a batch costs one round
+/// done are updated and the job's counters (its totals and its chapters' progress) move
+/// by their sum, so a batch costs one round
 /// trip and one lock of the job's row instead of one per segment. Idempotent per segment,
 /// as [`record_segment`]. A segment index the job does not have is refused, and nothing
 /// is recorded.
@@ -117,6 +118,10 @@ pub async fn record_segments(
         f64s(|r| r.inference_seconds),
         f64s(|r| r.queue_wait_seconds),
     );
+    // `s.idx = ANY($2)` repeats the join with the input for the planner: the segments to
+    // update are then found by the primary key's (job_id, idx), whatever plan the
+    // prepared statement gets, instead of reading every segment of the job and joining
+    // (a batch would cost the length of the book).
     let mut tries = 0;
     let row = loop {
         let q = sqlx::query(
@@ -135,16 +140,28 @@ pub async fn record_segments(
                  attempts = i.attempts, worker = i.worker, phoneme_ids = i.phoneme_ids, \
                  pack_key = i.pack_key, pack_offset = i.pack_offset, pack_len = i.pack_len, \
                  words = i.words::jsonb, done_at = now(), failure_kind = NULL, failure_reason = NULL, engine_by = NULL \
-               FROM input i WHERE s.job_id = $1 AND s.idx = i.idx AND s.state <> 'done' \
+               FROM input i WHERE s.job_id = $1 AND s.idx = ANY($2) AND s.idx = i.idx \
+                 AND s.state <> 'done' \
                  AND (SELECT count(*) FROM segments k \
                       WHERE k.job_id = $1 AND k.idx = ANY($2)) = cardinality($2) \
-               RETURNING s.idx, s.audio_seconds, s.inference_seconds), \
+               RETURNING s.idx, s.chapter, s.audio_seconds, s.inference_seconds), \
              agg AS (SELECT count(*) AS n, coalesce(sum(audio_seconds), 0) AS audio, \
-               coalesce(max(inference_seconds), 0) AS inference FROM seg), \
+               coalesce(max(inference_seconds), 0) AS inference, \
+               coalesce(max(chapter) + 1, 0) AS chapters FROM seg), \
+             per_chapter AS (SELECT chapter, count(*) AS n, sum(audio_seconds) AS audio \
+               FROM seg GROUP BY chapter), \
              job AS ( \
                UPDATE jobs j SET segments_done = j.segments_done + agg.n, \
                  audio_seconds = j.audio_seconds + agg.audio, \
                  speech_seconds = j.speech_seconds + agg.audio, \
+                 chapter_done = (SELECT array_agg(coalesce(j.chapter_done[g.i], 0) \
+                     + coalesce(c.n, 0)::int4 ORDER BY g.i) \
+                   FROM generate_series(1, greatest(cardinality(j.chapter_done), agg.chapters)) g(i) \
+                   LEFT JOIN per_chapter c ON c.chapter + 1 = g.i), \
+                 chapter_audio = (SELECT array_agg(coalesce(j.chapter_audio[g.i], 0) \
+                     + coalesce(c.audio, 0) ORDER BY g.i) \
+                   FROM generate_series(1, greatest(cardinality(j.chapter_audio), agg.chapters)) g(i) \
+                   LEFT JOIN per_chapter c ON c.chapter + 1 = g.i), \
                  state = CASE WHEN j.state = 'queued' THEN 'running' ELSE j.state END, \
                  progress_at = now(), \
                  started_at = coalesce(j.started_at, \

@@ -133,3 +133,23 @@ pub async fn list_workers(
     })
     .collect()
 }
+
+/// The voices that workers seen within `active_within` serve (their plans), sorted: one
+/// read of the workers' rows, without [`list_workers`]' recent figures (which read every
+/// segment the fleet finished in the last ten minutes).
+pub async fn served_voices(
+    exec: impl PgExecutor<'_>,
+    active_within: Duration,
+) -> Result<Vec<String>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT p->>'voice' AS voice FROM workers w \
+         CROSS JOIN LATERAL jsonb_array_elements( \
+           CASE WHEN jsonb_typeof(w.plan) = 'array' THEN w.plan ELSE '[]' END) p \
+         WHERE w.last_seen >= now() - make_interval(secs => $1) \
+           AND jsonb_typeof(p->'voice') = 'string' \
+         ORDER BY voice",
+    )
+    .bind(secs(active_within))
+    .fetch_all(exec)
+    .await?)
+}

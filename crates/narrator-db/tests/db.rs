@@ -1232,3 +1232,138 @@ async fn a_retry_gives_every_failed_segment_a_whole_new_budget() {
         st.waiting
     );
 }
+
+/// The counters on the job row (`segments_failed`, per-chapter progress) read what the
+/// job's segments say, after every kind of transition.
+async fn assert_counters_agree(pool: &PgPool, job: narrator_db::Uuid, step: &str) {
+    let counted: (i64, Vec<i64>, Vec<f64>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM segments WHERE job_id = $1 AND state = 'failed'), \
+           (SELECT array_agg((SELECT count(*) FROM segments s WHERE s.job_id = $1 \
+              AND s.chapter = c AND s.state = 'done') ORDER BY c) FROM generate_series(0, 1) c), \
+           (SELECT array_agg((SELECT coalesce(sum(audio_seconds), 0) FROM segments s \
+              WHERE s.job_id = $1 AND s.chapter = c AND s.state = 'done') ORDER BY c) \
+            FROM generate_series(0, 1) c)",
+    )
+    .bind(job)
+    .fetch_one(pool)
+    .await
+    .expect("count");
+    let st = job_status(pool, job).await.expect("status").expect("job");
+    assert_eq!(
+        st.summary.segments_failed as i64, counted.0,
+        "{step}: failed"
+    );
+    let done: Vec<i64> = st
+        .chapters
+        .iter()
+        .map(|c| i64::from(c.segments_done))
+        .collect();
+    assert_eq!(done, counted.1, "{step}: chapters done");
+    let audio: Vec<f64> = st.chapters.iter().map(|c| c.audio_seconds).collect();
+    assert_eq!(audio, counted.2, "{step}: chapters' audio");
+}
+
+#[tokio::test]
+async fn the_counters_on_a_job_follow_its_segments_through_every_transition() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    use narrator_db::{RetryOutcome, fail_segment, fail_settled_jobs, retry_job};
+    let job = create_job(&pool, &plan(2, 3), "wav", 0)
+        .await
+        .expect("create");
+    assert_counters_agree(&pool, job, "created").await;
+    // One batch across both chapters.
+    record_segments(&pool, job, &[rec(3, "w"), rec(0, "w")])
+        .await
+        .expect("record");
+    assert_counters_agree(&pool, job, "batch").await;
+    assert!(
+        fail_segment(&pool, job, 1, 3, "engine", "bad")
+            .await
+            .expect("fail")
+    );
+    assert_counters_agree(&pool, job, "failed once").await;
+    // Failed again (a redelivered dead letter): still one failed segment.
+    fail_segment(&pool, job, 1, 4, "engine", "bad again")
+        .await
+        .expect("fail again");
+    assert_counters_agree(&pool, job, "failed twice").await;
+    // A failed segment recorded done after all (a late record): done, not failed.
+    record_segment(&pool, job, &rec(1, "w"))
+        .await
+        .expect("late");
+    assert_counters_agree(&pool, job, "failed, then done").await;
+    for i in [2, 4] {
+        fail_segment(&pool, job, i, 3, "engine", &format!("reason {i}"))
+            .await
+            .expect("fail");
+    }
+    assert_counters_agree(&pool, job, "two failed").await;
+    assert!(
+        fail_settled_jobs(&pool).await.expect("settle").is_empty(),
+        "segment 5 is still pending"
+    );
+    record_segment(&pool, job, &rec(5, "w"))
+        .await
+        .expect("last");
+    assert_eq!(fail_settled_jobs(&pool).await.expect("settle"), [job]);
+    let st = job_status(&pool, job).await.expect("status").expect("job");
+    assert_eq!(
+        st.summary.failure_reason.as_deref(),
+        Some(
+            format!(
+                "2 of 6 segments failed (first: segment 2: reason 2); fix the cause, then run \
+                 `narrator retry {job}`"
+            )
+            .as_str()
+        )
+    );
+    let RetryOutcome::Retried(again) = retry_job(&pool, job).await.expect("retry") else {
+        panic!("a failed job is retried");
+    };
+    assert_eq!(again.len(), 2);
+    assert_counters_agree(&pool, job, "retried").await;
+    assert_eq!(
+        narrator_db::voice_outstanding(&pool, &[plan(2, 3).voice], Duration::from_secs(30))
+            .await
+            .expect("outstanding")[0]
+            .outstanding,
+        0,
+        "retried segments are not published yet"
+    );
+    mark_published(&pool, job, &[2, 4])
+        .await
+        .expect("published");
+    assert_eq!(
+        narrator_db::voice_outstanding(&pool, &[plan(2, 3).voice], Duration::from_secs(30))
+            .await
+            .expect("outstanding")[0]
+            .outstanding,
+        2
+    );
+}
+
+#[tokio::test]
+async fn the_voices_served_are_those_of_live_workers_plans() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let mut a = worker_row("a", narrator_db::Uuid::new_v4());
+    a.plan = serde_json::json!([{"voice": "kokoro", "held": 2}, {"voice": "en_US-joe-medium"}]);
+    let mut b = worker_row("b", narrator_db::Uuid::new_v4());
+    b.plan = serde_json::json!([{"voice": "en_US-joe-medium"}]);
+    let mut gone = worker_row("gone", narrator_db::Uuid::new_v4());
+    gone.plan = serde_json::json!([{"voice": "old-voice"}]);
+    let mut odd = worker_row("odd", narrator_db::Uuid::new_v4());
+    odd.plan = serde_json::json!({"max_batch": 1});
+    for w in [&a, &b, &gone, &odd] {
+        heartbeat(&pool, w, 0).await.expect("beat");
+    }
+    sqlx::query("UPDATE workers SET last_seen = now() - interval '5 minutes' WHERE id = 'gone'")
+        .execute(&pool)
+        .await
+        .expect("age");
+    let voices = narrator_db::served_voices(&pool, Duration::from_secs(60))
+        .await
+        .expect("voices");
+    assert_eq!(voices, ["en_US-joe-medium", "kokoro"]);
+}

@@ -476,7 +476,10 @@ pub(crate) struct StatusArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct JobsArgs {
+    #[command(subcommand)]
+    pub(crate) action: Option<JobsAction>,
     /// How many, newest first.
     #[arg(long, default_value_t = 20)]
     pub(crate) limit: u32,
@@ -485,6 +488,38 @@ pub(crate) struct JobsArgs {
     pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) services: ServiceArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum JobsAction {
+    /// Delete jobs that ended (done, failed or cancelled) more than --older-than ago from
+    /// the database: the job, its segments and resources. Their segment audio in S3 is
+    /// deleted too; their outputs stay unless --delete-outputs.
+    Prune(PruneArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PruneArgs {
+    /// Prune jobs that ended more than this long ago: `30days`, `12h`, `90min`, `0s`.
+    #[arg(long, value_name = "AGE", value_parser = parse_age)]
+    pub(crate) older_than: std::time::Duration,
+    /// Also delete their outputs (book, chapters, subtitles, EPUB, manifest) from S3.
+    #[arg(long)]
+    pub(crate) delete_outputs: bool,
+    /// List the jobs that would be pruned; change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) services: ServiceArgs,
+}
+
+/// `--older-than`: a duration as humantime reads it (`30days`, `12h 30m`).
+fn parse_age(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e}: give an age such as 30days, 12h or 90min"))
 }
 
 #[derive(Debug, Args)]

@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use narrator_broker::Publisher;
 use narrator_db::{JobState, JobStatus, RetryOutcome};
 
-use crate::cli::{JobArgs, JobsArgs, MigrateArgs, StatusArgs, WorkersArgs};
+use crate::cli::{JobArgs, JobsAction, JobsArgs, MigrateArgs, PruneArgs, StatusArgs, WorkersArgs};
 use crate::cluster::{self, PRESIGN_FOR};
 use crate::progress::hms;
 
@@ -138,6 +138,9 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
 
 /// `narrator jobs`.
 pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
+    if let Some(JobsAction::Prune(p)) = args.action {
+        return prune(p).await;
+    }
     let pool = cluster::database(&args.services).await?;
     let list = narrator_db::list_jobs(&pool, args.limit).await?;
     if args.json {
@@ -163,6 +166,86 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
             opt(j.rtf, 3),
             j.priority,
             j.title
+        );
+    }
+    Ok(())
+}
+
+/// Jobs pruned per database round trip.
+const PRUNE_BATCH: u32 = 100;
+
+/// `narrator jobs prune`: per job, its objects first (so a failure leaves the job listed
+/// and a second run finishes it), then its rows.
+async fn prune(args: PruneArgs) -> anyhow::Result<()> {
+    let pool = cluster::database(&args.services).await?;
+    if args.dry_run {
+        let jobs = narrator_db::prunable_jobs(&pool, args.older_than, u32::MAX).await?;
+        let segments: u64 = jobs.iter().map(|j| u64::from(j.segments_total)).sum();
+        if args.json {
+            let v = serde_json::json!({"dry_run": true, "jobs": jobs, "segments": segments});
+            println!("{v}");
+            return Ok(());
+        }
+        for j in &jobs {
+            println!(
+                "{}  {:<9}  ended {}  {:>6} segments  {}",
+                j.job_id,
+                j.state.as_str(),
+                j.finished_at.format("%Y-%m-%d %H:%M"),
+                j.segments_total,
+                j.title
+            );
+        }
+        println!(
+            "would prune {} job(s), {segments} segment row(s) (dry run: nothing changed)",
+            jobs.len()
+        );
+        return Ok(());
+    }
+    let store = cluster::store(&args.services)
+        .await
+        .context("pruning deletes the jobs' segment audio from S3 (nothing was pruned)")?;
+    let (mut pruned, mut segments, mut objects) = (Vec::new(), 0u64, 0usize);
+    loop {
+        let batch = narrator_db::prunable_jobs(&pool, args.older_than, PRUNE_BATCH).await?;
+        if batch.is_empty() {
+            break;
+        }
+        for j in batch {
+            let id = j.job_id.to_string();
+            let deleted = if args.delete_outputs {
+                store.delete_job(&id).await
+            } else {
+                store.delete_intermediates(&id).await
+            };
+            let n = deleted.with_context(|| {
+                format!(
+                    "deleting job {id}'s objects from S3 ({} job(s) pruned before it); \
+                     run the command again once S3 answers",
+                    pruned.len()
+                )
+            })?;
+            objects += n;
+            // `false`: retried meanwhile (running again), so kept.
+            if narrator_db::delete_ended_job(&pool, j.job_id).await? {
+                segments += u64::from(j.segments_total);
+                pruned.push(j);
+            }
+        }
+    }
+    if args.json {
+        let v = serde_json::json!({"dry_run": false, "jobs": pruned, "segments": segments,
+            "objects_deleted": objects, "outputs_deleted": args.delete_outputs});
+        println!("{v}");
+    } else {
+        println!(
+            "pruned {} job(s): {segments} segment row(s), {objects} object(s) deleted from S3 ({})",
+            pruned.len(),
+            if args.delete_outputs {
+                "outputs included"
+            } else {
+                "segment audio; outputs kept"
+            }
         );
     }
     Ok(())

@@ -260,14 +260,5 @@ const FLEET_SEEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(60
 
 /// The voices the fleet's workers serve now (their status rows' plans), sorted.
 async fn voices_served(pool: &narrator_db::PgPool) -> anyhow::Result<Vec<String>> {
-    let workers = narrator_db::list_workers(pool, FLEET_SEEN_WITHIN).await?;
-    let mut voices: Vec<String> = workers
-        .iter()
-        .filter_map(|w| w.info.plan.as_array())
-        .flatten()
-        .filter_map(|p| p["voice"].as_str().map(str::to_owned))
-        .collect();
-    voices.sort();
-    voices.dedup();
-    Ok(voices)
+    Ok(narrator_db::served_voices(pool, FLEET_SEEN_WITHIN).await?)
 }

@@ -1,0 +1,75 @@
+//! Pruning finished jobs (`narrator jobs prune`): their rows (the job, its segments and
+//! resources) leave the database, so that what the database holds, and what its periodic
+//! work reads, does not grow with every book ever made.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgExecutor, Row};
+use uuid::Uuid;
+
+use crate::error::{DbError, unsigned};
+use crate::jobs::JobState;
+use crate::secs;
+
+/// A job old enough to prune.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrunableJob {
+    /// The job.
+    pub job_id: Uuid,
+    /// How it ended: done, failed or cancelled.
+    pub state: JobState,
+    /// Its segments (rows deleted with it).
+    pub segments_total: u32,
+    /// When it ended.
+    pub finished_at: DateTime<Utc>,
+    /// Its title.
+    pub title: String,
+}
+
+/// Jobs that ended (done, failed or cancelled) more than `older_than` ago, oldest first,
+/// at most `limit` (the ended jobs are found through `finished_at`, not by reading every
+/// job).
+pub async fn prunable_jobs(
+    exec: impl PgExecutor<'_>,
+    older_than: Duration,
+    limit: u32,
+) -> Result<Vec<PrunableJob>, DbError> {
+    sqlx::query(
+        "SELECT id, state, segments_total, finished_at, title FROM jobs \
+         WHERE finished_at < now() - make_interval(secs => $1) \
+           AND state IN ('done', 'failed', 'cancelled') \
+         ORDER BY finished_at, id LIMIT $2",
+    )
+    .bind(secs(older_than))
+    .bind(i64::from(limit))
+    .fetch_all(exec)
+    .await?
+    .iter()
+    .map(|row| {
+        Ok(PrunableJob {
+            job_id: row.try_get("id")?,
+            state: JobState::parse(&row.try_get::<String, _>("state")?)?,
+            segments_total: unsigned(
+                "segments_total",
+                row.try_get::<i32, _>("segments_total")?.into(),
+            )?,
+            finished_at: row.try_get("finished_at")?,
+            title: row.try_get("title")?,
+        })
+    })
+    .collect()
+}
+
+/// Deletes an ended job's rows (its segments and resources go with it). `false`: no such
+/// job, or it has not ended (a retried job is running again): nothing deleted.
+pub async fn delete_ended_job(exec: impl PgExecutor<'_>, job: Uuid) -> Result<bool, DbError> {
+    let n =
+        sqlx::query("DELETE FROM jobs WHERE id = $1 AND state IN ('done', 'failed', 'cancelled')")
+            .bind(job)
+            .execute(exec)
+            .await?
+            .rows_affected();
+    Ok(n > 0)
+}
