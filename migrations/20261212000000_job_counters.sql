@@ -9,7 +9,12 @@
 --                    than the chapter list until the later chapters have progress
 --                    (missing positions are 0)
 --   chapter_audio    per chapter, the audio seconds of those segments
+--   segments_unpublished  pending segments never published (the outbox's rows), kept by
+--                    the statement trigger below; the watchdog's count of what should be
+--                    in the broker is then the job's counters alone
 ALTER TABLE jobs
+    ADD COLUMN segments_unpublished integer NOT NULL DEFAULT 0
+        CONSTRAINT jobs_segments_unpublished_check CHECK (segments_unpublished >= 0),
     ADD COLUMN segments_failed integer NOT NULL DEFAULT 0
         CONSTRAINT jobs_segments_failed_check CHECK (segments_failed >= 0),
     ADD COLUMN chapter_done integer[] NOT NULL DEFAULT '{}',
@@ -31,6 +36,36 @@ FROM (
     GROUP BY p.job_id
 ) c
 WHERE c.job_id = j.id;
+
+UPDATE jobs j SET segments_unpublished = u.n
+FROM (SELECT job_id, count(*) AS n FROM segments
+      WHERE published_at IS NULL AND state = 'pending' GROUP BY job_id) u
+WHERE u.job_id = j.id;
+
+-- Any statement that publishes segments, records unpublished ones, rescues or retries
+-- moves its jobs' unpublished counts by the difference, once per job per statement (a
+-- statement trigger: the rows it changed, before and after). Statements that change
+-- neither column (most) move nothing. Inserted segments are counted by create_job.
+CREATE FUNCTION segments_count_unpublished() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE jobs j SET segments_unpublished = j.segments_unpublished + d.delta
+    FROM (
+        SELECT n.job_id,
+               sum((n.published_at IS NULL AND n.state = 'pending')::integer
+                   - (o.published_at IS NULL AND o.state = 'pending')::integer) AS delta
+        FROM changed_new n JOIN changed_old o ON o.job_id = n.job_id AND o.idx = n.idx
+        GROUP BY n.job_id
+    ) d
+    WHERE j.id = d.job_id AND d.delta <> 0;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER segments_count_unpublished
+    AFTER UPDATE ON segments
+    REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION segments_count_unpublished();
 
 -- A segment entering or leaving `failed` moves its job's count. Failures are rare, so the
 -- row trigger fires rarely: recording done segments from `pending` does not fire it.
@@ -84,3 +119,9 @@ FROM jobs j;
 
 -- `narrator jobs prune --older-than` finds the ended jobs by when they ended.
 CREATE INDEX jobs_finished_at_idx ON jobs (finished_at) WHERE state IN ('done', 'failed', 'cancelled');
+
+-- The outbox's index holds only what the reconciler and the watchdog look for (pending
+-- segments never published), so that counting a job's is a look at its own entries.
+DROP INDEX segments_unpublished_idx;
+CREATE INDEX segments_unpublished_idx ON segments (job_id, idx)
+    WHERE published_at IS NULL AND state = 'pending';

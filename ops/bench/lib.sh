@@ -42,12 +42,17 @@ private_pg_start() {
     mkdir -p "$dir/pg"
     chmod 755 "$dir"
     ((EUID == 0)) && chown postgres:postgres "$dir/pg"
-    as_pg "$PGBIN/initdb" -A trust -U postgres --no-sync -D "$dir/pg" >/dev/null
+    # Each step checked: `set -e` does not apply inside a function called with `||`.
+    as_pg "$PGBIN/initdb" -A trust -U postgres --no-sync -D "$dir/pg" >/dev/null || return 1
     as_pg "$PGBIN/pg_ctl" -w -D "$dir/pg" -l "$dir/pg/log" -o "-p $port -k $dir/pg \
         -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements \
-        -c pg_stat_statements.track=all -c max_connections=300 -c fsync=off ${PG_EXTRA_OPTS:-}" start >/dev/null
+        -c pg_stat_statements.track=all -c max_connections=300 -c fsync=off ${PG_EXTRA_OPTS:-}" \
+        start >/dev/null || {
+        echo "the private PostgreSQL did not start (port $port taken?): $(tail -n 2 "$dir/pg/log")" >&2
+        return 1
+    }
     psql -X -qtA -h 127.0.0.1 -p "$port" -U postgres -d postgres \
-        -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+        -c "CREATE EXTENSION pg_stat_statements" >/dev/null || return 1
 }
 
 private_pg_stop() {

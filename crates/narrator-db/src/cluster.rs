@@ -74,7 +74,7 @@ pub async fn check_segments(
     let rows = sqlx::query(
         "SELECT i.n, j.state AS job_state, s.state AS seg_state \
          FROM unnest($1::uuid[], $2::int4[]) WITH ORDINALITY AS i(job_id, idx, n) \
-         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx AND s.idx = ANY($2) \
+         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
          LEFT JOIN jobs j ON j.id = s.job_id ORDER BY i.n",
     )
     .bind(&jobs)
@@ -175,7 +175,7 @@ pub async fn check_deliveries(
            coalesce(j.settings ? 'subtitles' OR j.settings->>'epub3' = 'word', false) AS timed \
          FROM unnest($1::uuid[], $2::int4[], $3::bool[], $6::text[], $7::int8[]) \
            WITH ORDINALITY AS i(job_id, idx, returned, text, speaker, n) \
-         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx AND s.idx = ANY($2) \
+         LEFT JOIN segments s ON s.job_id = i.job_id AND s.idx = i.idx \
          LEFT JOIN jobs j ON j.id = s.job_id ORDER BY i.n",
     )
     .bind(&jobs)
@@ -238,12 +238,10 @@ pub async fn check_deliveries(
         sqlx::query(
             "WITH c AS (UPDATE segments s SET engine_crashes = s.engine_crashes + 1, engine_by = NULL \
                FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
-               WHERE s.job_id = ANY($1) AND s.idx = ANY($2) AND s.job_id = k.job_id \
-                 AND s.idx = k.idx AND s.engine_by IS NOT NULL RETURNING 1) \
+               WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.engine_by IS NOT NULL RETURNING 1) \
              UPDATE segments s SET returns = s.returns + 1 \
                FROM unnest($3::uuid[], $4::int4[]) AS k(job_id, idx) \
-               WHERE s.job_id = ANY($3) AND s.idx = ANY($4) AND s.job_id = k.job_id \
-                 AND s.idx = k.idx",
+               WHERE s.job_id = k.job_id AND s.idx = k.idx",
         )
         .bind(&cj)
         .bind(&ci)
@@ -255,9 +253,10 @@ pub async fn check_deliveries(
     Ok(out)
 }
 
-// The statements that update segments from arrays of keys also say `s.job_id = ANY(..)
-// AND s.idx = ANY(..)`: the planner then finds them through the primary key whatever
-// plan a prepared statement settles on, never by reading a whole job's segments.
+// The statements that read or update segments from arrays of keys join them on the
+// primary key (job_id, idx) and nothing else: the planner probes the key per element.
+// A separate `job_id = ANY(..)` would offer it a path that reads whole jobs, which it
+// takes when its statistics do not know the jobs (new jobs never are).
 
 /// Marks segments as being in `instance`'s engine (`in_engine` true, just before their
 /// batch runs: should the process die, the next delivery of each tells a crash, see
@@ -277,8 +276,7 @@ pub async fn mark_in_engine(
     sqlx::query(
         "UPDATE segments s SET engine_by = CASE WHEN $4 THEN $3 END \
          FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
-         WHERE s.job_id = ANY($1) AND s.idx = ANY($2) AND s.job_id = k.job_id \
-           AND s.idx = k.idx AND ($4 OR s.engine_by = $3)",
+         WHERE s.job_id = k.job_id AND s.idx = k.idx AND ($4 OR s.engine_by = $3)",
     )
     .bind(&jobs)
     .bind(&idx)
@@ -635,14 +633,13 @@ pub async fn voice_outstanding(
     voices: &[String],
     stale: Duration,
 ) -> Result<Vec<VoiceOutstanding>, DbError> {
-    // Outstanding: the pending segments of the voice's unfinished jobs (from their
-    // counters) less those never published (segments_unpublished_idx), so the look costs
-    // the same for any book. Workers write `stale_after_s` as 6 heartbeats.
+    // Outstanding: the pending, published segments of the voice's unfinished jobs, from
+    // their counters alone, so the look costs the same for any book and any backlog.
+    // Workers write `stale_after_s` as 6 heartbeats.
     let rows: Vec<(String, i64, i64, f64)> = sqlx::query_as(
         "SELECT v.voice, \
            (SELECT coalesce(sum(j.segments_total - j.segments_done - j.segments_failed \
-                - (SELECT count(*) FROM segments s WHERE s.job_id = j.id \
-                     AND s.published_at IS NULL AND s.state = 'pending')), 0)::bigint \
+                - j.segments_unpublished), 0)::bigint \
              FROM jobs j WHERE j.voice = v.voice AND j.state IN ('queued', 'running')), \
            coalesce(h.held, 0)::bigint, coalesce(h.stale, 0) / 6 \
          FROM unnest($1::text[]) AS v(voice) \

@@ -118,20 +118,23 @@ pub async fn record_segments(
         f64s(|r| r.inference_seconds),
         f64s(|r| r.queue_wait_seconds),
     );
-    // `s.idx = ANY($2)` repeats the join with the input for the planner: the segments to
-    // update are then found by the primary key's (job_id, idx), whatever plan the
-    // prepared statement gets, instead of reading every segment of the job and joining
-    // (a batch would cost the length of the book).
+    // The segments are found by joining the input, materialized with the job id as one of
+    // its columns, on the primary key: the planner then probes (job_id, idx) per record.
+    // Given `job_id = $1` to see, it may instead read all of the job's segments and
+    // filter, when its statistics do not know the job (a new job always is): a batch would
+    // cost the length of the book.
     let mut tries = 0;
     let row = loop {
         let q = sqlx::query(
-            "WITH input AS ( \
-               SELECT * FROM unnest($2::int4[], $3::int8[], $4::int4[], $5::float8[], \
+            "WITH input AS MATERIALIZED ( \
+               SELECT $1::uuid AS job_id, t.* FROM unnest($2::int4[], $3::int8[], $4::int4[], $5::float8[], \
                  $6::float8[], $7::float8[], $8::int4[], $9::int4[], $10::text[], $11::int4[], \
                  $12::text[], $13::int8[], $14::int8[], $15::text[]) \
                AS t(idx, samples, sample_rate, audio_seconds, inference_seconds, \
                  queue_wait_seconds, batch_size, attempts, worker, phoneme_ids, \
                  pack_key, pack_offset, pack_len, words)), \
+             known AS (SELECT count(*) AS n FROM input i \
+               JOIN segments k ON k.job_id = i.job_id AND k.idx = i.idx), \
              seg AS ( \
                UPDATE segments s SET state = 'done', samples = i.samples, \
                  sample_rate = i.sample_rate, audio_seconds = i.audio_seconds, \
@@ -140,10 +143,8 @@ pub async fn record_segments(
                  attempts = i.attempts, worker = i.worker, phoneme_ids = i.phoneme_ids, \
                  pack_key = i.pack_key, pack_offset = i.pack_offset, pack_len = i.pack_len, \
                  words = i.words::jsonb, done_at = now(), failure_kind = NULL, failure_reason = NULL, engine_by = NULL \
-               FROM input i WHERE s.job_id = $1 AND s.idx = ANY($2) AND s.idx = i.idx \
-                 AND s.state <> 'done' \
-                 AND (SELECT count(*) FROM segments k \
-                      WHERE k.job_id = $1 AND k.idx = ANY($2)) = cardinality($2) \
+               FROM input i WHERE s.job_id = i.job_id AND s.idx = i.idx \
+                 AND s.state <> 'done' AND (SELECT n FROM known) = cardinality($2) \
                RETURNING s.idx, s.chapter, s.audio_seconds, s.inference_seconds), \
              agg AS (SELECT count(*) AS n, coalesce(sum(audio_seconds), 0) AS audio, \
                coalesce(max(inference_seconds), 0) AS inference, \
@@ -172,7 +173,7 @@ pub async fn record_segments(
                (SELECT coalesce(array_agg(idx ORDER BY idx), '{}') FROM seg) AS recorded, \
                (SELECT complete FROM job) AS complete_now, \
                (SELECT segments_done = segments_total FROM jobs WHERE id = $1) AS complete_before, \
-               (SELECT count(*) FROM segments WHERE job_id = $1 AND idx = ANY($2)) AS known",
+               (SELECT n FROM known) AS known",
         )
         .bind(job)
         .bind(&idx)
@@ -313,9 +314,12 @@ pub async fn mark_published(
         .iter()
         .map(|&i| int4("segment index", i))
         .collect::<Result<Vec<_>, _>>()?;
+    // Joined on the primary key, as in record_segments (not `job_id = $1`, which may read
+    // the whole job).
     Ok(sqlx::query(
-        "UPDATE segments SET published_at = now() \
-         WHERE job_id = $1 AND idx = ANY($2) AND published_at IS NULL",
+        "WITH k AS MATERIALIZED (SELECT $1::uuid AS job_id, unnest($2::int4[]) AS idx) \
+         UPDATE segments s SET published_at = now() FROM k \
+         WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.published_at IS NULL",
     )
     .bind(job)
     .bind(&idx)

@@ -1248,6 +1248,19 @@ async fn assert_counters_agree(pool: &PgPool, job: narrator_db::Uuid, step: &str
     .fetch_one(pool)
     .await
     .expect("count");
+    let unpublished: (i32, i64) = sqlx::query_as(
+        "SELECT segments_unpublished, (SELECT count(*) FROM segments WHERE job_id = $1 \
+           AND published_at IS NULL AND state = 'pending') FROM jobs WHERE id = $1",
+    )
+    .bind(job)
+    .fetch_one(pool)
+    .await
+    .expect("unpublished");
+    assert_eq!(
+        i64::from(unpublished.0),
+        unpublished.1,
+        "{step}: unpublished"
+    );
     let st = job_status(pool, job).await.expect("status").expect("job");
     assert_eq!(
         st.summary.segments_failed as i64, counted.0,
@@ -1272,6 +1285,10 @@ async fn the_counters_on_a_job_follow_its_segments_through_every_transition() {
         .await
         .expect("create");
     assert_counters_agree(&pool, job, "created").await;
+    mark_published(&pool, job, &[0, 3, 2])
+        .await
+        .expect("published");
+    assert_counters_agree(&pool, job, "three published").await;
     // One batch across both chapters.
     record_segments(&pool, job, &[rec(3, "w"), rec(0, "w")])
         .await
@@ -1334,6 +1351,7 @@ async fn the_counters_on_a_job_follow_its_segments_through_every_transition() {
     mark_published(&pool, job, &[2, 4])
         .await
         .expect("published");
+    assert_counters_agree(&pool, job, "published again").await;
     assert_eq!(
         narrator_db::voice_outstanding(&pool, &[plan(2, 3).voice], Duration::from_secs(30))
             .await
