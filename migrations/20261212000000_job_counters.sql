@@ -10,8 +10,9 @@
 --                    (missing positions are 0)
 --   chapter_audio    per chapter, the audio seconds of those segments
 --   segments_unpublished  pending segments never published (the outbox's rows), kept by
---                    the statement trigger below; the watchdog's count of what should be
---                    in the broker is then the job's counters alone
+--                    the statement triggers below (so also for segments inserted or
+--                    changed by a binary older than this migration); the watchdog's count
+--                    of what should be in the broker is then the job's counters alone
 ALTER TABLE jobs
     ADD COLUMN segments_unpublished integer NOT NULL DEFAULT 0
         CONSTRAINT jobs_segments_unpublished_check CHECK (segments_unpublished >= 0),
@@ -45,7 +46,7 @@ WHERE u.job_id = j.id;
 -- Any statement that publishes segments, records unpublished ones, rescues or retries
 -- moves its jobs' unpublished counts by the difference, once per job per statement (a
 -- statement trigger: the rows it changed, before and after). Statements that change
--- neither column (most) move nothing. Inserted segments are counted by create_job.
+-- neither column (most) move nothing. Inserted segments are counted the same way.
 CREATE FUNCTION segments_count_unpublished() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE jobs j SET segments_unpublished = j.segments_unpublished + d.delta
@@ -66,6 +67,22 @@ CREATE TRIGGER segments_count_unpublished
     REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new
     FOR EACH STATEMENT
     EXECUTE FUNCTION segments_count_unpublished();
+
+CREATE FUNCTION segments_count_inserted_unpublished() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE jobs j SET segments_unpublished = j.segments_unpublished + d.n
+    FROM (SELECT job_id, count(*) AS n FROM inserted
+          WHERE published_at IS NULL AND state = 'pending' GROUP BY job_id) d
+    WHERE j.id = d.job_id;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER segments_count_inserted_unpublished
+    AFTER INSERT ON segments
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION segments_count_inserted_unpublished();
 
 -- A segment entering or leaving `failed` moves its job's count. Failures are rare, so the
 -- row trigger fires rarely: recording done segments from `pending` does not fire it.

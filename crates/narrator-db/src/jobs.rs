@@ -125,9 +125,8 @@ pub async fn create_job(
     let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO jobs (id, content_id, title, source, voice, format, priority, \
-         segments_total, segments_unpublished, chapters, warnings, metadata, cover, \
-         cover_type, lexicon) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9, $10, $11, $12, $13, $14)",
+         segments_total, chapters, warnings, metadata, cover, cover_type, lexicon) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(id)
     .bind(&plan.job_id)
