@@ -186,10 +186,10 @@ pub async fn create_job(
 /// Gives the planner statistics of `segments` when it has none (a fresh database: until
 /// autovacuum's first analyze, a minute or more later) or when the `added` segments of a
 /// new job are more than the table held at its last analyze (it at least doubled). Without
-/// them it guesses that a job has a couple of segments and finds a batch's segments by
-/// reading all of the job's and filtering (every batch then costs the length of the
-/// book); with them, through the primary key. At most once per doubling of the table;
-/// a failure (no right to analyze) only leaves it to autovacuum.
+/// them it guesses that a job has a couple of segments and, on a small table, scans it.
+/// The batch statements do not depend on this (they probe the primary key per element);
+/// it keeps the other plans sane on a fresh database. At most once per doubling of the
+/// table; a failure (no right to analyze) only leaves it to autovacuum.
 async fn refresh_segment_statistics(pool: &PgPool, added: usize) {
     let stale: Result<bool, sqlx::Error> = sqlx::query_scalar(
         "SELECT reltuples < 0 OR reltuples < $1 FROM pg_class WHERE oid = 'segments'::regclass",

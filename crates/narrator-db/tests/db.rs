@@ -1340,11 +1340,14 @@ async fn the_counters_on_a_job_follow_its_segments_through_every_transition() {
     };
     assert_eq!(again.len(), 2);
     assert_counters_agree(&pool, job, "retried").await;
-    assert_eq!(
+    let outstanding = || async {
         narrator_db::voice_outstanding(&pool, &[plan(2, 3).voice], Duration::from_secs(30))
             .await
             .expect("outstanding")[0]
-            .outstanding,
+            .outstanding
+    };
+    assert_eq!(
+        outstanding().await,
         0,
         "retried segments are not published yet"
     );
@@ -1352,13 +1355,7 @@ async fn the_counters_on_a_job_follow_its_segments_through_every_transition() {
         .await
         .expect("published");
     assert_counters_agree(&pool, job, "published again").await;
-    assert_eq!(
-        narrator_db::voice_outstanding(&pool, &[plan(2, 3).voice], Duration::from_secs(30))
-            .await
-            .expect("outstanding")[0]
-            .outstanding,
-        2
-    );
+    assert_eq!(outstanding().await, 2);
 }
 
 #[tokio::test]
