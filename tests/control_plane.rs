@@ -1,5 +1,6 @@
 //! The control plane at scale (issue 32): its Postgres work per segment does not grow with
-//! the book, and ended jobs can be pruned from the database.
+//! the book, books submitted together share the workers (fair share), and ended jobs can
+//! be pruned from the database.
 //!
 //! Work is counted, not timed: Postgres' own counters of each world's database
 //! (pg_stat_database: transactions, rows written, rows read by scans and index fetches),
@@ -79,6 +80,64 @@ fn postgres_work_per_segment_stays_flat_from_a_short_book_to_a_long_one() {
             "{what} per segment grew with the book:\n{report}"
         );
     }
+}
+
+/// Fair share: four books submitted before any worker runs are worked on side by side,
+/// not one after the other. Each keeps only a window of segments in the queue, topped up
+/// as they are recorded, so every book has its first segment done before any book is
+/// finished (queued whole, in submission order, the fourth book would start only once
+/// the first three were done). The window counts stay right through it.
+#[test]
+fn books_submitted_together_advance_together() {
+    let mut w = World::new();
+    let book = w.book("book.md", &book_text(4, 100, None));
+    let jobs: Vec<Uuid> = (0..4)
+        .map(|_| w.submit(&book, &["--format", "wav"]))
+        .collect();
+    let published = |w: &World| -> i64 {
+        w.rt.block_on(
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM segments WHERE published_at IS NOT NULL",
+            )
+            .fetch_one(&w.pool),
+        )
+        .expect("count")
+    };
+    let queued = published(&w);
+    assert!(
+        queued < 4 * 400,
+        "only each book's first window is queued at submission, not {queued} segments"
+    );
+    let worker = w.worker("fair", &["--engine", "null"], &[]);
+    for &job in &jobs {
+        w.wait_state(job, JobState::Done, Duration::from_secs(300));
+    }
+    assert!(w.stop(worker, 15).success(), "worker exit: {}", w.logs());
+    let (first_done, first_finished): (f64, f64) =
+        w.rt.block_on(
+            sqlx::query_as(
+                "SELECT (SELECT extract(epoch FROM max(f)) FROM ( \
+                   SELECT min(done_at) AS f FROM segments WHERE job_id = ANY($1) \
+                   GROUP BY job_id) firsts)::float8, \
+                 (SELECT extract(epoch FROM min(finished_at)) FROM jobs \
+                   WHERE id = ANY($1))::float8",
+            )
+            .bind(&jobs)
+            .fetch_one(&w.pool),
+        )
+        .expect("times");
+    assert!(
+        first_done < first_finished,
+        "a book started only {:.2} s after the first book was finished",
+        first_done - first_finished
+    );
+    let unpublished: i64 =
+        w.rt.block_on(
+            sqlx::query_scalar("SELECT coalesce(sum(segments_unpublished), 0)::bigint FROM jobs")
+                .fetch_one(&w.pool),
+        )
+        .expect("counter");
+    assert_eq!(unpublished, 0);
 }
 
 /// `narrator jobs prune`: only ended jobs older than the age go; their rows go, their

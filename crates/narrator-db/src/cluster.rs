@@ -686,7 +686,8 @@ pub struct Rescue {
 /// The stuck-job watchdog's claim: `queued`/`running` jobs of `voices` with segments
 /// left whose last progress (a segment recorded done or failed, or the submission) and
 /// last rescue are older than `lease`. Each is claimed by one caller for one lease; its
-/// pending segments are returned to be published again, except those already rescued
+/// pending segments that were published (its window; those never published wait for the
+/// dispatch, [`crate::claim_dispatch`]) are returned to be published again, except those already rescued
 /// `max_rescues` times, which are recorded failed (lost again and again: a message that
 /// kills every worker it reaches, dead-lettered by the broker without a record). With
 /// more such jobs than `limit`, those without progress for longest go first: a job
@@ -720,7 +721,8 @@ pub async fn rescue_stuck_jobs(
             "UPDATE segments SET state = 'failed', failure_kind = 'lost', \
                failure_reason = format('lost %s times (dead-lettered by the broker or never \
                  delivered; workers may have died on it each time)', rescues) \
-             WHERE job_id = $1 AND state = 'pending' AND rescues >= $2",
+             WHERE job_id = $1 AND state = 'pending' AND published_at IS NOT NULL \
+               AND rescues >= $2",
         )
         .bind(job)
         .bind(i32::try_from(max_rescues).unwrap_or(i32::MAX))
@@ -729,7 +731,7 @@ pub async fn rescue_stuck_jobs(
         .rows_affected();
         let rows = sqlx::query(
             "UPDATE segments SET rescues = rescues + 1, published_at = now() \
-             WHERE job_id = $1 AND state = 'pending' \
+             WHERE job_id = $1 AND state = 'pending' AND published_at IS NOT NULL \
              RETURNING idx, chapter, text, pause_after, speaker",
         )
         .bind(job)
@@ -813,8 +815,8 @@ pub enum RetryOutcome {
 /// with a whole new budget, whatever failed them (attempts, engine crashes, returns and
 /// rescues back to 0; the job's rescues too), the job `running` (or `queued` if nothing
 /// was done). The caller
-/// publishes the returned segments and marks them published; should it die first, the
-/// reconciler does. A job whose segments are all done goes back to `running`, and a
+/// dispatches them ([`crate::claim_dispatch`], a window at a time); should it die first,
+/// the reconciler does. A job whose segments are all done goes back to `running`, and a
 /// worker's sweep assembles it.
 pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError> {
     let mut tx = pool.begin().await?;

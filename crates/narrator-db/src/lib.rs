@@ -17,6 +17,7 @@
 mod bench;
 mod calibrations;
 mod cluster;
+mod dispatch;
 mod error;
 mod jobs;
 mod prune;
@@ -35,6 +36,9 @@ pub use cluster::{
     set_job_trace, set_settings, storage_released, take_over_assemblies, voice_gauges,
     voice_outstanding,
 };
+pub use dispatch::{
+    Claimed, FleetShare, MIN_DISPATCH_WINDOW, claim_dispatch, dispatch_candidates, fleet_shares,
+};
 pub use error::DbError;
 pub use jobs::{
     ChapterProgress, JobState, JobStatus, JobSummary, cancel_job, claim_assembly, create_job,
@@ -43,12 +47,12 @@ pub use jobs::{
 pub use prune::{PrunableJob, delete_ended_job, prunable_jobs};
 pub use segments::{
     RecordOutcome, RecordsOutcome, fail_segment, finished_segments, mark_published, record_segment,
-    record_segments, unpublished,
+    record_segments,
 };
 pub use store::PgStateStore;
 pub use workers::{WorkerInfo, WorkerStatus, heartbeat, list_workers, served_voices};
 
-pub use sqlx::PgPool;
+pub use sqlx::{PgConnection, PgPool};
 pub use uuid::Uuid;
 
 /// The schema's migrations (root `migrations/`, embedded by build.rs): version,

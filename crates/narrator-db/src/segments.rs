@@ -6,15 +6,12 @@
 //! concurrent redelivery the second caller waits on the segment's row lock, re-checks
 //! `state <> 'done'` against the committed row, and changes nothing.
 
-use std::time::Duration;
-
-use narrator_core::{Segment, SegmentRecord};
+use narrator_core::SegmentRecord;
 use sqlx::postgres::PgRow;
 use sqlx::{PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
 use crate::error::{DbError, int4, int8, unsigned};
-use crate::secs;
 
 /// What recording a segment did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -326,29 +323,4 @@ pub async fn mark_published(
     .execute(exec)
     .await?
     .rows_affected())
-}
-
-/// For the outbox reconciler: pending segments never confirmed published, of jobs still
-/// queued or running that were submitted more than `older_than` ago (leaving the producer
-/// time to publish them itself), oldest job first, at most `limit`.
-pub async fn unpublished(
-    exec: impl PgExecutor<'_>,
-    older_than: Duration,
-    limit: u32,
-) -> Result<Vec<(Uuid, Segment)>, DbError> {
-    sqlx::query(
-        "SELECT s.job_id, s.idx, s.chapter, s.text, s.pause_after, s.speaker \
-         FROM segments s JOIN jobs j ON j.id = s.job_id \
-         WHERE s.published_at IS NULL AND s.state = 'pending' \
-           AND j.state IN ('queued', 'running') \
-           AND j.created_at <= now() - make_interval(secs => $1) \
-         ORDER BY j.created_at, s.job_id, s.idx LIMIT $2",
-    )
-    .bind(secs(older_than))
-    .bind(i64::from(limit))
-    .fetch_all(exec)
-    .await?
-    .iter()
-    .map(|row| Ok((row.try_get("job_id")?, crate::cluster::segment_row(row)?)))
-    .collect()
 }

@@ -10,8 +10,9 @@ use narrator_core::{
 };
 use narrator_db::{
     DbError, JobState, PgStateStore, RecordOutcome, WorkerInfo, cancel_job, claim_assembly,
-    create_job, fail_job, finish_job, finished_segments, heartbeat, job_status, list_jobs,
-    list_workers, mark_published, record_segment, record_segments, unpublished,
+    claim_dispatch, create_job, dispatch_candidates, fail_job, finish_job, finished_segments,
+    heartbeat, job_status, list_jobs, list_workers, mark_published, record_segment,
+    record_segments,
 };
 use narrator_test_support::TestDb;
 use sqlx::PgPool;
@@ -441,55 +442,139 @@ async fn exactly_one_concurrent_claim_wins() {
     assert_eq!(counters(&pool, job).await.0, JobState::Assembling);
 }
 
+fn indices(c: &narrator_db::Claimed) -> Vec<u32> {
+    c.segments.iter().map(|s| s.index).collect()
+}
+
+/// Fair share: a job keeps a window of segments published; claims in flight at once
+/// take different segments, a claim that dies leaves its segments for the next, and
+/// recording makes room for as many more.
 #[tokio::test]
-async fn the_outbox_lists_segments_until_they_are_published() {
+async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() {
     let db = TestDb::new().await;
     let pool = db.pool.clone();
-    let job = create_job(&pool, &plan(1, 4), "wav", 0)
+    let voices = vec!["en_US-joe-medium".to_string()];
+    let job = create_job(&pool, &plan(2, 5), "wav", 2)
         .await
         .expect("create");
-    // Too recent for the reconciler.
-    let recent = unpublished(&pool, Duration::from_secs(60), 100)
+    // Too recent for the reconciler (its producer publishes the first window).
+    let recent = dispatch_candidates(&pool, &voices, Duration::from_secs(60), 10)
         .await
         .expect("scan");
     assert!(recent.is_empty());
-    let all = unpublished(&pool, Duration::ZERO, 100).await.expect("scan");
-    assert_eq!(
-        all.iter().map(|(j, s)| (*j, s.index)).collect::<Vec<_>>(),
-        (0..4).map(|i| (job, i)).collect::<Vec<_>>()
-    );
-    assert_eq!(
-        all[3].1,
-        plan(1, 4).segments[3],
-        "the segment comes back whole"
-    );
-    assert_eq!(mark_published(&pool, job, &[0, 2]).await.expect("mark"), 2);
-    assert_eq!(mark_published(&pool, job, &[2]).await.expect("mark"), 0);
-    let left: Vec<_> = unpublished(&pool, Duration::ZERO, 1)
+    let due = dispatch_candidates(&pool, &voices, Duration::ZERO, 10)
         .await
-        .expect("scan")
-        .iter()
-        .map(|(_, s)| s.index)
-        .collect();
-    assert_eq!(left, [1], "limit");
-    mark_published(&pool, job, &[1, 3]).await.expect("mark");
-    assert!(
-        unpublished(&pool, Duration::ZERO, 100)
-            .await
-            .expect("scan")
-            .is_empty()
+        .expect("scan");
+    assert_eq!(due, [(job, voices[0].clone())]);
+    let mut a = pool.begin().await.expect("tx");
+    let first = claim_dispatch(&mut a, job, 4)
+        .await
+        .expect("claim")
+        .expect("running");
+    assert_eq!(indices(&first), [0, 1, 2, 3]);
+    assert_eq!(
+        (first.voice.as_str(), first.priority),
+        ("en_US-joe-medium", 2)
     );
-    // A cancelled job's segments are not republished.
+    assert_eq!(
+        first.segments[2],
+        plan(2, 5).segments[2],
+        "comes back whole"
+    );
+    // Another claimer meanwhile skips the locked ones.
+    let mut b = pool.begin().await.expect("tx");
+    let second = claim_dispatch(&mut b, job, 4)
+        .await
+        .expect("claim")
+        .expect("running");
+    assert_eq!(indices(&second), [4, 5, 6, 7]);
+    b.rollback().await.expect("rollback"); // failed before publishing
+    mark_published(&mut *a, job, &[0, 1, 2, 3])
+        .await
+        .expect("mark");
+    a.commit().await.expect("commit");
+    let claim = |window: u32| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await.expect("tx");
+            let c = claim_dispatch(&mut tx, job, window).await.expect("claim");
+            (tx, c.map(|c| indices(&c)))
+        }
+    };
+    let (tx, full) = claim(4).await;
+    tx.rollback().await.expect("rollback");
+    assert_eq!(full, Some(vec![]), "the window is full");
+    record_segments(&pool, job, &[rec(0, "w"), rec(1, "w")])
+        .await
+        .expect("record");
+    let (tx, room) = claim(4).await;
+    tx.rollback().await.expect("rollback"); // not published: left for the next claim
+    assert_eq!(room, Some(vec![4, 5]), "two recorded, two more, in order");
+    // A window grown with the fleet: 2 of 8 are out.
+    let (mut tx, grown) = claim(8).await;
+    assert_eq!(grown, Some(vec![4, 5, 6, 7, 8, 9]));
+    mark_published(&mut *tx, job, &[4, 5, 6, 7, 8, 9])
+        .await
+        .expect("mark");
+    tx.commit().await.expect("commit");
+    assert_counters_agree(&pool, job, "dispatched").await;
+    let due = dispatch_candidates(&pool, &voices, Duration::ZERO, 10)
+        .await
+        .expect("scan");
+    assert!(due.is_empty(), "nothing left unpublished");
+    // A cancelled job is not dispatched.
     let other = create_job(&pool, &plan(1, 2), "wav", 0)
         .await
         .expect("create");
     assert!(cancel_job(&pool, other).await.expect("cancel"));
-    assert!(
-        unpublished(&pool, Duration::ZERO, 100)
-            .await
-            .expect("scan")
-            .is_empty()
+    let mut tx = pool.begin().await.expect("tx");
+    assert_eq!(
+        claim_dispatch(&mut tx, other, 4).await.expect("claim"),
+        None
     );
+    let due = dispatch_candidates(&pool, &voices, Duration::ZERO, 10)
+        .await
+        .expect("scan");
+    assert!(due.is_empty());
+}
+
+/// A voice's window is cut from its running jobs and its live workers' prefetch.
+#[tokio::test]
+async fn fleet_shares_count_running_jobs_and_live_workers_prefetch() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let voices = vec!["en_US-joe-medium".to_string(), "kokoro".to_string()];
+    let mut a = worker_row("a", narrator_db::Uuid::new_v4());
+    a.plan = serde_json::json!([{"voice": "kokoro", "prefetch": 7}, {"voice": "en_US-joe-medium", "prefetch": 40}]);
+    let mut b = worker_row("b", narrator_db::Uuid::new_v4());
+    b.plan = serde_json::json!([{"voice": "en_US-joe-medium", "prefetch": 60}]);
+    let mut gone = worker_row("gone", narrator_db::Uuid::new_v4());
+    gone.plan = serde_json::json!([{"voice": "en_US-joe-medium", "prefetch": 1000}]);
+    for w in [&a, &b, &gone] {
+        heartbeat(&pool, w, 0).await.expect("beat");
+    }
+    sqlx::query("UPDATE workers SET last_seen = now() - interval '5 minutes' WHERE id = 'gone'")
+        .execute(&pool)
+        .await
+        .expect("age");
+    for _ in 0..2 {
+        create_job(&pool, &plan(1, 2), "wav", 0)
+            .await
+            .expect("create");
+    }
+    let done = create_job(&pool, &plan(1, 1), "wav", 0)
+        .await
+        .expect("create");
+    assert!(cancel_job(&pool, done).await.expect("cancel"));
+    let shares = narrator_db::fleet_shares(&pool, &voices, Duration::from_secs(60))
+        .await
+        .expect("shares");
+    let got: Vec<(u64, u64)> = shares
+        .iter()
+        .map(|s| (s.active_jobs, s.fleet_prefetch))
+        .collect();
+    assert_eq!(got, [(2, 100), (0, 7)]);
+    assert_eq!(shares[0].window(), 200, "4 × 100 shared by 2");
 }
 
 #[tokio::test]
@@ -810,13 +895,11 @@ async fn fifteen_hundred_segments_insert_in_one_statement() {
         .expect("exists");
     assert_eq!(s.summary.segments_total, 1500);
     assert_eq!(s.chapters.len(), 12);
-    assert_eq!(
-        unpublished(&pool, Duration::ZERO, 2000)
-            .await
-            .expect("scan")
-            .len(),
-        1500
-    );
+    let unpublished: i64 = sqlx::query_scalar("SELECT segments_unpublished::bigint FROM jobs")
+        .fetch_one(&pool)
+        .await
+        .expect("counter");
+    assert_eq!(unpublished, 1500);
     // Generous bound: catches a regression to one INSERT per row on a loaded machine.
     assert!(took < Duration::from_secs(5), "took {took:?}");
 }
@@ -1078,9 +1161,13 @@ async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given
     let pool = db.pool.clone();
     let voices = vec!["en_US-joe-medium".to_string()];
     let lease = Duration::from_secs(60);
-    let job = create_job(&pool, &plan(1, 3), "wav", 0)
+    let job = create_job(&pool, &plan(1, 4), "wav", 0)
         .await
         .expect("create");
+    // Its window: 0..=2 published; 3 waits for the dispatch, not for rescues.
+    mark_published(&pool, job, &[0, 1, 2])
+        .await
+        .expect("published");
     record_segment(&pool, job, &rec(1, "w"))
         .await
         .expect("record");
@@ -1111,7 +1198,11 @@ async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].job, job);
     let idx: Vec<u32> = r[0].segments.iter().map(|s| s.index).collect();
-    assert_eq!(idx, [0, 2], "the pending segments, not the done one");
+    assert_eq!(
+        idx,
+        [0, 2],
+        "the published pending segments: not the done one, not the unpublished one"
+    );
     // Claimed for a lease: a second scan (another worker) finds nothing.
     let again = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
         .await
@@ -1128,6 +1219,9 @@ async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given
         .await
         .expect("scan");
     assert_eq!((third[0].segments.len(), third[0].given_up), (0, 2));
+    record_segment(&pool, job, &rec(3, "w"))
+        .await
+        .expect("record");
     let ended = narrator_db::fail_settled_jobs(&pool).await.expect("settle");
     assert_eq!(ended, [job]);
     let st = job_status(&pool, job).await.expect("status").expect("job");

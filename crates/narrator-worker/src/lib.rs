@@ -11,8 +11,10 @@
 //! - [`assembler`]: exactly one worker builds a finished job's outputs; a dead
 //!   assembler's job is taken over (by process instance, not by a reusable name);
 //!   transient failures are retried with backoff;
-//! - [`reconciler`]: the outbox (segments committed but never published) and the
-//!   stuck-job watchdog (jobs without progress for a lease get their missing segments
+//! - [`dispatcher`]: each running job keeps a window of segments published, topped up
+//!   after each recording, so books share the queue (fair share);
+//! - [`reconciler`]: the outbox (windows no recording tops up: a producer that died, a
+//!   window that grew with the fleet) and the stuck-job watchdog (jobs without progress for a lease get their missing segments
 //!   published again);
 //! - [`heartbeat`]: the worker's row in `workers`, with its plan and figures.
 //!
@@ -20,6 +22,7 @@
 //! outage of a service is postponed without charging the segment an attempt.
 
 pub mod assembler;
+pub mod dispatcher;
 pub mod gauges;
 pub mod guard;
 pub mod heartbeat;
@@ -41,7 +44,7 @@ use narrator_s3::S3AudioStore;
 use narrator_telemetry::serve::Health;
 use tokio::sync::{mpsc, watch};
 
-pub use publish::publish_segments;
+pub use publish::{dispatch, publish_segments};
 
 /// One voice on one device, loaded and planned by the caller.
 pub struct VoiceEngine {
@@ -243,6 +246,11 @@ impl Worker {
         let outages = Arc::new(outage::Outages::new());
         let mut loops = tokio::task::JoinSet::new();
         let mut watched = Vec::new();
+        let dispatcher = Arc::new(dispatcher::Dispatcher::new(
+            pool.clone(),
+            Publisher::new(&conn).await?,
+            cluster.to_string(),
+        ));
         for v in voices {
             let name = v.voice.clone();
             let synth = Arc::new(v.synth);
@@ -274,6 +282,7 @@ impl Worker {
                     pool.clone(),
                     complete_tx.clone(),
                     done.clone(),
+                    (dispatcher.clone(), name.clone()),
                 )),
                 on_event: Arc::new(|e| {
                     if let Event::Warning(w) = e {
@@ -356,6 +365,7 @@ impl Worker {
                     source: e,
                 })?,
                 cluster: cluster.to_string(),
+                dispatcher,
                 voices: names,
                 unpublished_after: reconcile_after,
                 lease,

@@ -1,5 +1,7 @@
 //! Publishing a job's segments with confirms, marking each confirmed chunk published (the
-//! outbox column): used by `submit`, `retry`, the reconciler and the watchdog.
+//! outbox column): [`dispatch`] publishes the next segments that fit a job's window (used
+//! by `submit`, `retry`, the reconciler and the worker after each recording);
+//! [`publish_segments`] publishes given ones (the watchdog's rescues).
 
 use narrator_broker::{Publisher, SegmentMessage};
 use narrator_core::{Segment, TraceContext};
@@ -21,20 +23,88 @@ pub async fn publish_segments(
     (voice, priority): (&str, i32),
     segments: &[Segment],
 ) -> Result<(), WorkerError> {
-    let lane = narrator_broker::lane_of(priority);
     for chunk in segments.chunks(PUBLISH_CHUNK) {
-        let messages: Vec<SegmentMessage> = chunk
-            .iter()
-            .map(|s| {
-                SegmentMessage::new(job.to_string(), voice, s.clone())
-                    .in_cluster(cluster)
-                    .in_lane(lane)
-                    .traced(trace)
-            })
-            .collect();
-        publisher.publish_batch(&messages).await?;
+        publisher
+            .publish_batch(&messages(cluster, trace, job, (voice, priority), chunk))
+            .await?;
         let indices: Vec<u32> = chunk.iter().map(|s| s.index).collect();
         narrator_db::mark_published(pool, job, &indices).await?;
     }
     Ok(())
+}
+
+fn messages(
+    cluster: &str,
+    trace: Option<&TraceContext>,
+    job: Uuid,
+    (voice, priority): (&str, i32),
+    segments: &[Segment],
+) -> Vec<SegmentMessage> {
+    let lane = narrator_broker::lane_of(priority);
+    segments
+        .iter()
+        .map(|s| {
+            SegmentMessage::new(job.to_string(), voice, s.clone())
+                .in_cluster(cluster)
+                .in_lane(lane)
+                .traced(trace)
+        })
+        .collect()
+}
+
+/// Publishes the next unpublished segments of `job` that fit its `window`
+/// ([`narrator_db::claim_dispatch`]): claimed, published with confirms and marked
+/// published in one transaction, so two dispatchers never take the same ones and one
+/// that fails leaves them for the next. Returns how many it published (0 when the window
+/// is full, the job has none left unpublished or is not running).
+pub async fn dispatch(
+    pool: &PgPool,
+    publisher: &Publisher,
+    cluster: &str,
+    job: Uuid,
+    window: u32,
+) -> Result<usize, WorkerError> {
+    let mut tx = pool.begin().await.map_err(narrator_db::DbError::from)?;
+    // Every way out ends the transaction here: a dropped one would keep its row locks
+    // until its connection is next used.
+    match claim_and_publish(&mut tx, publisher, cluster, job, window).await {
+        Ok(n) => {
+            tx.commit().await.map_err(narrator_db::DbError::from)?;
+            Ok(n)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+/// [`dispatch`]'s work inside its transaction.
+async fn claim_and_publish(
+    tx: &mut narrator_db::PgConnection,
+    publisher: &Publisher,
+    cluster: &str,
+    job: Uuid,
+    window: u32,
+) -> Result<usize, WorkerError> {
+    let Some(claimed) = narrator_db::claim_dispatch(tx, job, window).await? else {
+        return Ok(0);
+    };
+    let route = (claimed.voice.as_str(), claimed.priority);
+    for chunk in claimed.segments.chunks(PUBLISH_CHUNK) {
+        publisher
+            .publish_batch(&messages(
+                cluster,
+                claimed.trace.as_ref(),
+                job,
+                route,
+                chunk,
+            ))
+            .await?;
+    }
+    let indices: Vec<u32> = claimed.segments.iter().map(|s| s.index).collect();
+    if !indices.is_empty() {
+        narrator_db::mark_published(&mut *tx, job, &indices).await?;
+    }
+    Ok(indices.len())
 }

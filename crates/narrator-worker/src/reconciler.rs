@@ -1,6 +1,7 @@
 //! Two loops that keep jobs from waiting for ever:
-//! - the outbox reconciler publishes segments that `submit` committed but the broker
-//!   never confirmed (the producer died in between);
+//! - the outbox reconciler publishes what fits each running job's window and no
+//!   recording published: segments `submit` committed but the broker never confirmed (the
+//!   producer died in between), windows grown with the fleet;
 //! - the stuck-job watchdog: per voice, it compares the segments the database says are
 //!   out (published, not finished) with the messages that can account for them (ready in
 //!   the voice's lanes, held unacknowledged by live workers as their heartbeats say, and
@@ -19,7 +20,7 @@ use std::time::Duration;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use narrator_broker::{LANES, Publisher, RETRY_TIERS, lane_queue, retry_queue};
-use narrator_db::{PgPool, Uuid};
+use narrator_db::PgPool;
 use tokio::sync::watch;
 
 /// Rescues of one segment before it is recorded failed.
@@ -35,9 +36,11 @@ pub struct Reconciler {
     pub channel: lapin::Channel,
     /// The cluster id the messages carry.
     pub cluster: String,
+    /// Keeps the jobs' windows published; its windows are refreshed here.
+    pub dispatcher: std::sync::Arc<crate::dispatcher::Dispatcher>,
     /// The voices this worker serves (the watchdog looks after their jobs).
     pub voices: Vec<String>,
-    /// Outbox: republish segments unpublished this long after submission.
+    /// Outbox: top up jobs submitted this long ago.
     pub unpublished_after: Duration,
     /// Watchdog: a job without progress this long is rescued.
     pub lease: Duration,
@@ -71,40 +74,31 @@ pub(crate) async fn ready_messages(channel: &lapin::Channel, queue: &str) -> Opt
 }
 
 impl Reconciler {
+    /// Refreshes the windows from the fleet, then tops up every running job with
+    /// segments unpublished that was submitted more than `unpublished_after` ago: those
+    /// whose producer died before publishing, and those whose window grew.
     async fn outbox(&self) {
-        let missing =
-            match narrator_db::unpublished(&self.pool, self.unpublished_after, 10_000).await {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::debug!(error = %e, "reconciler cannot read the outbox");
-                    return;
-                }
-            };
-        let mut by_job: BTreeMap<Uuid, Vec<narrator_core::Segment>> = BTreeMap::new();
-        for (job, seg) in missing {
-            by_job.entry(job).or_default().push(seg);
-        }
-        for (job, segments) in by_job {
-            let route = match narrator_db::job_route(&self.pool, job).await {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!(%job, error = %e, "reconciler cannot load a job");
-                    continue;
-                }
-            };
-            tracing::info!(%job, segments = segments.len(), "republishing unpublished segments");
-            let trace = narrator_db::job_trace(&self.pool, job).await.ok().flatten();
-            let published = crate::publish_segments(
-                &self.pool,
-                &self.publisher,
-                (&self.cluster, trace.as_ref()),
-                job,
-                (&route.0, route.1),
-                &segments,
-            )
+        self.dispatcher
+            .refresh(&self.voices, self.heartbeat * 6)
             .await;
-            if let Err(e) = published {
-                tracing::warn!(%job, error = %e, "reconciler publish failed; will try again");
+        let jobs = match narrator_db::dispatch_candidates(
+            &self.pool,
+            &self.voices,
+            self.unpublished_after,
+            10_000,
+        )
+        .await
+        {
+            Ok(j) => j,
+            Err(e) => {
+                tracing::debug!(error = %e, "reconciler cannot read the outbox");
+                return;
+            }
+        };
+        for (job, voice) in jobs {
+            let n = self.dispatcher.top_up(job, &voice).await;
+            if n > 0 {
+                tracing::debug!(%job, segments = n, "published segments into the job's window");
             }
         }
     }

@@ -1,4 +1,5 @@
-//! Recording into Postgres; telling the assembler when a job's last segment is in.
+//! Recording into Postgres; publishing the job's next segments into its window; telling
+//! the assembler when a job's last segment is in.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,20 +8,34 @@ use narrator_core::{RetryClass, SeamError, SegmentRecord, StateStore};
 use narrator_db::{DbError, PgPool, Uuid};
 use tokio::sync::mpsc;
 
+use crate::dispatcher::Dispatcher;
+
 /// The worker's [`StateStore`].
 pub struct ClusterState {
     pool: PgPool,
     complete: mpsc::UnboundedSender<Uuid>,
     done: Arc<AtomicU64>,
+    /// Publishes a job's next segments after each recording of it.
+    dispatcher: Arc<Dispatcher>,
+    /// The voice whose segments this records.
+    voice: String,
 }
 
 impl ClusterState {
-    /// Records into `pool`, sends finished jobs to `complete`, counts into `done`.
-    pub fn new(pool: PgPool, complete: mpsc::UnboundedSender<Uuid>, done: Arc<AtomicU64>) -> Self {
+    /// Records `voice`'s segments into `pool`, sends finished jobs to `complete`, counts
+    /// into `done`, has `dispatcher` publish what each recording leaves room for.
+    pub fn new(
+        pool: PgPool,
+        complete: mpsc::UnboundedSender<Uuid>,
+        done: Arc<AtomicU64>,
+        (dispatcher, voice): (Arc<Dispatcher>, String),
+    ) -> Self {
         Self {
             pool,
             complete,
             done,
+            dispatcher,
+            voice,
         }
     }
 }
@@ -53,6 +68,8 @@ impl StateStore for ClusterState {
         self.done.fetch_add(outcome.newly_done, Ordering::Relaxed);
         if outcome.job_complete {
             let _ = self.complete.send(id);
+        } else if outcome.newly_done > 0 {
+            self.dispatcher.nudge(id, &self.voice);
         }
         Ok(outcome.recorded)
     }

@@ -215,7 +215,7 @@ pub(crate) enum Command {
     Workers(WorkersArgs),
     /// Stop further work on a job.
     Cancel(JobArgs),
-    /// Put a failed job back to work (its failed segments are enqueued again).
+    /// Put a failed job back to work (its failed segments are enqueued again, a window at a time).
     Retry(JobArgs),
     /// Create or update the database schema.
     Migrate(MigrateArgs),

@@ -317,27 +317,28 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
             state.as_str()
         ),
     };
-    let (voice, priority) = narrator_db::job_route(&pool, job).await?;
+    let voice = narrator_db::job_voice(&pool, job).await?;
     if !segments.is_empty() {
         let conn = cluster::broker(&args.services, "narrator-retry").await?;
         let channel = conn.create_channel().await?;
         narrator_broker::declare(&channel, &voice).await?;
         let publisher = Publisher::new(&conn).await?;
         let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
-        let trace = narrator_db::job_trace(&pool, job).await?;
-        narrator_worker::publish_segments(
+        // Its first window; workers publish the rest as they record (fair share).
+        let share = narrator_db::fleet_shares(
             &pool,
-            &publisher,
-            (&cluster_id, trace.as_ref()),
-            job,
-            (&voice, priority),
-            &segments,
+            std::slice::from_ref(&voice),
+            std::time::Duration::from_secs(60),
         )
         .await?;
+        let window = share
+            .first()
+            .map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| s.window());
+        narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, window).await?;
         let _ = conn.close(200, "done".into()).await;
     }
     println!(
-        "job {job} is back to work: {} segments enqueued again{}",
+        "job {job} is back to work: {} segments back to work{}",
         segments.len(),
         if segments.is_empty() {
             " (all were done; a worker assembles it)"

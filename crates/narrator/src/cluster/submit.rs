@@ -193,27 +193,34 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             // Fault injection for the outbox test: die like a killed producer would.
             std::process::abort();
         }
-        // A broker that drops or refuses a publish does not lose the book: it is recorded,
-        // and a worker's reconciler enqueues what was not confirmed. The other books go on.
+        // Only the job's first window is published (fair share: the rest follows as its
+        // segments are recorded). A broker that drops or refuses a publish does not lose
+        // the book: it is recorded, and a worker's reconciler enqueues what was not
+        // confirmed. The other books go on.
         let queue =
             narrator_broker::lane_queue(&voice.name, narrator_broker::lane_of(args.priority));
         let publish = info_span!(parent: span, "publish", otel.name = %format!("publish {queue}"),
             otel.kind = "producer", messaging.system = "rabbitmq", messaging.operation.type = "publish",
             messaging.destination.name = %queue, messaging.batch.message_count = plan.segments.len());
-        let published = narrator_worker::publish_segments(
-            &pool,
-            &publisher,
-            (&cluster_id, trace.as_ref()),
-            job,
-            (&voice.name, args.priority),
-            &plan.segments,
-        )
+        let published = async {
+            let share = narrator_db::fleet_shares(
+                &pool,
+                std::slice::from_ref(&voice.name),
+                FLEET_SEEN_WITHIN,
+            )
+            .await?;
+            let window = share
+                .first()
+                .map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| s.window());
+            narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, window).await?;
+            anyhow::Ok(())
+        }
         .instrument(publish)
         .await;
         if let Err(e) = &published {
             unpublished += 1;
             eprintln!(
-                "warning: {}: job {job} is recorded but not all of it is enqueued ({}); a worker's reconciler enqueues the rest",
+                "warning: {}: job {job} is recorded but its first segments are not enqueued ({}); a worker's reconciler enqueues them",
                 plan.source,
                 e.to_string().replace('\n', " ")
             );

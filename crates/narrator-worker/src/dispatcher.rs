@@ -1,0 +1,107 @@
+//! Keeps each running job's window of segments published (fair share between books, see
+//! `narrator_db`'s dispatch module): after every recording the worker publishes as many
+//! more of that job as fit its window; the reconciler refreshes the windows from the
+//! fleet and tops up jobs no recording moved (a producer that died, a window that grew).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use narrator_broker::Publisher;
+use narrator_db::{MIN_DISPATCH_WINDOW, PgPool, Uuid};
+
+/// Publishes jobs' next segments, one dispatch at a time per job.
+pub struct Dispatcher {
+    pool: PgPool,
+    publisher: Publisher,
+    cluster: String,
+    /// Per voice: the window its jobs keep published.
+    windows: Mutex<HashMap<String, u32>>,
+    /// Jobs with a dispatch under way in this worker, and whether another was asked for
+    /// meanwhile (it then runs once more instead of alongside).
+    running: Mutex<HashMap<Uuid, bool>>,
+}
+
+impl Dispatcher {
+    /// Dispatches into `pool` and through `publisher`, tied to `cluster`.
+    pub fn new(pool: PgPool, publisher: Publisher, cluster: String) -> Self {
+        Self {
+            pool,
+            publisher,
+            cluster,
+            windows: Mutex::default(),
+            running: Mutex::default(),
+        }
+    }
+
+    /// The window of `voice`'s jobs: the last one [`Self::refresh`] computed, the
+    /// smallest before that.
+    pub fn window(&self, voice: &str) -> u32 {
+        lock(&self.windows)
+            .get(voice)
+            .copied()
+            .unwrap_or(MIN_DISPATCH_WINDOW)
+    }
+
+    /// Recomputes the windows of `voices` from their running jobs and the prefetch of
+    /// workers seen within `seen_within`.
+    pub async fn refresh(&self, voices: &[String], seen_within: Duration) {
+        match narrator_db::fleet_shares(&self.pool, voices, seen_within).await {
+            Ok(shares) => {
+                let mut windows = lock(&self.windows);
+                for s in shares {
+                    windows.insert(s.voice.clone(), s.window());
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot read the fleet's share of jobs"),
+        }
+    }
+
+    /// Publishes what fits `job`'s window now; returns how many it published.
+    pub async fn top_up(&self, job: Uuid, voice: &str) -> usize {
+        let window = self.window(voice);
+        match crate::publish::dispatch(&self.pool, &self.publisher, &self.cluster, job, window)
+            .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                // Left unpublished: the next recording of the job, or the reconciler,
+                // publishes them.
+                tracing::warn!(%job, error = %e, "cannot publish the job's next segments; will try again");
+                0
+            }
+        }
+    }
+
+    /// Tops `job` up in the background: one dispatch per job at a time, a request made
+    /// while one runs folded into one more run after it.
+    pub fn nudge(self: &Arc<Self>, job: Uuid, voice: &str) {
+        {
+            let mut running = lock(&self.running);
+            if let Some(again) = running.get_mut(&job) {
+                *again = true;
+                return;
+            }
+            running.insert(job, false);
+        }
+        let this = self.clone();
+        let voice = voice.to_string();
+        tokio::spawn(async move {
+            loop {
+                this.top_up(job, &voice).await;
+                let mut running = lock(&this.running);
+                match running.get_mut(&job) {
+                    Some(again) if *again => *again = false,
+                    _ => {
+                        running.remove(&job);
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
