@@ -247,6 +247,32 @@ fn prometheus_scrapes_a_worker_and_its_figures_match_the_database() {
         "{audio} vs {db_audio}"
     );
     assert_eq!(prom.value("narrator_ready"), Some(1.0));
+    // Round trips counted at the client: every segment delivered and acknowledged once
+    // at least, its audio PUT to S3 (in packs) with its bytes.
+    for op in ["deliver", "ack"] {
+        let n = prom
+            .value(&format!(
+                "sum(narrator_broker_messages_total{{op=\"{op}\"}})"
+            ))
+            .unwrap_or(0.0);
+        assert!(
+            n >= rows.len() as f64,
+            "{n} {op} for {} segments",
+            rows.len()
+        );
+    }
+    let puts = prom
+        .value("sum(narrator_s3_requests_total{method=\"PUT\"})")
+        .unwrap_or(0.0);
+    assert!(puts >= 1.0, "{puts} S3 PUTs");
+    let sent = prom
+        .value("sum(narrator_s3_bytes_total{direction=\"sent\"})")
+        .unwrap_or(0.0);
+    let audio_bytes: f64 = rows.iter().map(|r| r.samples as f64 * 2.0).sum();
+    assert!(
+        sent >= audio_bytes,
+        "{sent} bytes sent to S3 for {audio_bytes} bytes of audio"
+    );
 
     // Every dashboard query but the GPU panels returns data from this scrape (rates need
     // two samples: give them a few seconds).

@@ -4,7 +4,8 @@
 Per book size: pg_stat_database's transactions and rows per segment, and the ratio of each
 to the smallest book's (flat work per segment: about 1.0); then per statement (matched
 across sizes by its normalized text) calls, rows and buffer pages per segment, largest
-first at the largest size.
+first at the largest size; then the worker's RabbitMQ operations and S3 requests and
+bytes per segment (OUT/metrics_N.txt, its /metrics at the end).
 
 Usage: control_plane_report.py OUT
 """
@@ -35,6 +36,32 @@ def statements(out, n):
         c[2] += int(blocks)
         c[3] += float(ms)
     return stats
+
+
+ROUND_TRIPS = [
+    ("narrator_broker_messages_total", "op"),
+    ("narrator_s3_requests_total", "method"),
+    ("narrator_s3_bytes_total", "direction"),
+]
+
+
+def round_trips(out, n):
+    """{(metric, label value): total} from a Prometheus text scrape, summed over labels."""
+    found = {}
+    path = out / f"metrics_{n}.txt"
+    if not path.exists():
+        return found
+    for line in path.read_text().splitlines():
+        for metric, label in ROUND_TRIPS:
+            if not line.startswith(metric + "{"):
+                continue
+            labels, value = line[len(metric) + 1:].rsplit("} ", 1)
+            for pair in labels.split(","):
+                k, _, v = pair.partition("=")
+                if k == label:
+                    key = (metric, v.strip('"'))
+                    found[key] = found.get(key, 0.0) + float(value)
+    return found
 
 
 def main(argv):
@@ -74,6 +101,16 @@ def main(argv):
             cells.append("-" if c is None else f"{c[0] / n:.3f} / {c[1] / n:.2f} / {c[2] / n:.2f}")
         label = k.replace("|", "\\|")
         print(f"| `{label}` | " + " | ".join(cells) + " |")
+    trips = {n: round_trips(out, n) for n in sizes}
+    keys = sorted(set().union(*[set(t) for t in trips.values()]))
+    if keys:
+        print()
+        print("| per segment (the worker's /metrics) | " + " | ".join(f"{n:,}" for n in sizes) + " |")
+        print("|---" * (len(sizes) + 1) + "|")
+        for metric, value in keys:
+            what = metric.removeprefix("narrator_").removesuffix("_total")
+            cells = [f"{trips[n].get((metric, value), 0.0) / n:.3f}" for n in sizes]
+            print(f"| {what} {value} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

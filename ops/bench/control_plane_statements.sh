@@ -14,8 +14,10 @@
 # Prints, per book: transactions and rows per segment (pg_stat_database: all the job's
 # work, submit + worker + status), then one line per statement with calls, rows and
 # buffer pages (shared blocks hit + read: the pages it touched, which is what grows when a
-# statement reads a whole book) per segment. Raw rows: $OUT/statements_N.tsv (OUT: a new
-# temporary folder unless set).
+# statement reads a whole book) per segment; and the worker's RabbitMQ operations and S3
+# requests and bytes per segment, as its /metrics counted them (submit's publishes of the
+# book's first window are not in them). Raw rows: $OUT/statements_N.tsv and
+# $OUT/metrics_N.txt (OUT: a new temporary folder unless set).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -30,6 +32,7 @@ chmod 755 "$WORK"
 OUT="${OUT:-$WORK}"
 mkdir -p "$OUT"
 PG_PORT="${PG_PORT:-5462}"
+METRICS_PORT="${METRICS_PORT:-9477}"
 VHOST="narrator-cp-$$"
 worker=""
 cleanup() {
@@ -72,7 +75,8 @@ for N in "${SIZES[@]}"; do
     export NARRATOR_DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/$DB"
     "$BIN" migrate >/dev/null
     python3 ops/bench/cluster_text.py "$N" "$WORK/book_$N.md"
-    "$BIN" --log info worker --engine null --id "cp-$N" 2>"$WORK/worker_$N.log" &
+    "$BIN" --log info worker --engine null --id "cp-$N" --listen "127.0.0.1:$METRICS_PORT" \
+        2>"$WORK/worker_$N.log" &
     worker=$!
     for _ in $(seq 600); do grep -qs "worker cp-$N ready" "$WORK/worker_$N.log" && break; sleep 0.2; done
     grep -q "worker cp-$N ready" "$WORK/worker_$N.log" || die "worker not ready: $(tail -n 5 "$WORK/worker_$N.log")"
@@ -89,6 +93,8 @@ for N in "${SIZES[@]}"; do
     done
     "$BIN" status "$job" --wait --json >/dev/null || die "job of $N segments ended $state: $(tail -n 5 "$WORK/worker_$N.log")"
     t1=$(date +%s.%N)
+    # The worker's client-side counts of RabbitMQ and S3 operations (its /metrics).
+    curl -fsS "http://127.0.0.1:$METRICS_PORT/metrics" >"$OUT/metrics_$N.txt" || : >"$OUT/metrics_$N.txt"
     kill -TERM "$worker"
     wait "$worker" || true
     worker=""

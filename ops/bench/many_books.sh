@@ -13,7 +13,8 @@
 # beam.smp, which the shared node also spends on other vhosts, so an upper bound; the S3
 # server; the workers; submit); Postgres connections and RabbitMQ connections/channels
 # held at most; when each book got its first and its last segment (the spread of finish
-# times, and how many books were in progress at once); and the statements that did the
+# times, and how many books were in progress at once); the workers' RabbitMQ operations
+# and S3 requests and bytes per segment (their /metrics); and the statements that did the
 # most Postgres work. Raw samples in $OUT (a new temporary folder unless set).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -35,6 +36,7 @@ WORK="$(mktemp -d /tmp/narrator-mb.XXXXXX)"
 OUT="${OUT:-$WORK}"
 mkdir -p "$OUT"
 PG_PORT="${PG_PORT:-5463}"
+METRICS_PORT="${METRICS_PORT:-9480}"
 VHOST="narrator-mb-$$"
 PIDS=()
 cleanup() {
@@ -67,7 +69,8 @@ ready() {
 # The first worker declares the queues alone: several declaring the same new quorum
 # queues at once have had the broker answer INTERNAL_ERROR to one's consume.
 for w in $(seq "$WORKERS"); do
-    "$BIN" --log info worker "${engine[@]}" --id "mb-$w" 2>"$WORK/worker$w.log" &
+    "$BIN" --log info worker "${engine[@]}" --id "mb-$w" --listen "127.0.0.1:$((METRICS_PORT + w))" \
+        2>"$WORK/worker$w.log" &
     PIDS+=($!)
     ((w == 1)) && ready 1
 done
@@ -113,6 +116,10 @@ while :; do
 done
 t1=$(date +%s.%N)
 cpu1="$(cpu)"
+# The workers' client-side counts of RabbitMQ operations and S3 requests (their /metrics).
+for w in $(seq "$WORKERS"); do
+    curl -fsS "http://127.0.0.1:$((METRICS_PORT + w))/metrics" || true
+done >"$OUT/metrics.txt"
 "${PSQL[@]}" -F ' ' -c "SELECT extract(epoch FROM started_at), extract(epoch FROM finished_at), \
     segments_total, state FROM jobs ORDER BY created_at" >"$OUT/jobs.txt"
 "${PSQL[@]}" -F $'\t' -c "SELECT calls, rows, shared_blks_hit + shared_blks_read, \
@@ -158,6 +165,20 @@ print(f"books finished: first {ends[0]:.1f} s, median {statistics.median(ends):.
 spans = [(float(j[0]) - t0, float(j[1]) - t0) for j in jobs if j[0] and j[1]]
 most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
 print(f"books in progress at once: at most {most}")
+trips = {}
+for line in (out / "metrics.txt").read_text().splitlines():
+    for metric, label in (("narrator_broker_messages_total", "op"), ("narrator_s3_requests_total", "method"),
+                          ("narrator_s3_bytes_total", "direction")):
+        if line.startswith(metric + "{"):
+            labels, value = line[len(metric) + 1:].rsplit("} ", 1)
+            for pair in labels.split(","):
+                k, _, v = pair.partition("=")
+                if k == label:
+                    key = f"{metric.removeprefix('narrator_').removesuffix('_total')} {v.strip(chr(34))}"
+                    trips[key] = trips.get(key, 0.0) + float(value)
+if trips:
+    print("per segment, the workers' /metrics (submit's first windows not included): "
+          + ", ".join(f"{k} {v / n:.3f}" for k, v in sorted(trips.items())))
 rows = [l.split("\t", 4) for l in (out / "statements.tsv").read_text().splitlines()]
 tot_pages = sum(int(r[2]) for r in rows) or 1
 print("top statements by buffer pages (calls / rows / pages per segment):")

@@ -367,6 +367,7 @@ impl Consumer {
                 .is_ok()
                 && h.acker.ack(BasicAckOptions::default()).await.is_ok()
             {
+                count_op("ack");
                 returned += 1;
             }
         }
@@ -490,6 +491,7 @@ impl Consumer {
         let attempt = attempt_of(&d.properties);
         let decoded = SegmentMessage::decode(&d.data);
         let trace = trace_of(&d.properties);
+        count_op("deliver");
         self.hold((lane, d.delivery_tag), &d.acker, &d.data, &d.properties);
         let ticket = Ticket {
             acker: d.acker,
@@ -661,6 +663,7 @@ impl Consumer {
                 }
             }
         };
+        count_op(op.trim_start_matches("basic."));
         match sent {
             Ok(true) => Ok(()),
             Ok(false) => {
@@ -723,6 +726,11 @@ pub fn failure_decision(failure: &Failure, attempt: u32) -> Decision {
         },
         other => other,
     }
+}
+
+/// Counts one AMQP operation on a segment message ([`narrator_telemetry::metrics::BROKER_MESSAGES`]).
+pub(crate) fn count_op(op: &'static str) {
+    metrics::counter!(narrator_telemetry::metrics::BROKER_MESSAGES, "op" => op).increment(1);
 }
 
 #[cfg(test)]

@@ -77,6 +77,7 @@ impl Publisher {
         let mut pending = Vec::with_capacity(messages.len());
         for m in messages {
             let body = m.encode()?;
+            crate::consumer::count_op("publish");
             let key = lane_queue(&m.voice, m.lane);
             let confirm = self
                 .channel
@@ -141,6 +142,7 @@ impl Publisher {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
+        crate::consumer::count_op("publish");
         self.channel
             .basic_publish(exchange.into(), routing_key.into(), opts, body, properties)
             .await?

@@ -384,6 +384,53 @@ async fn credentials(
     }
 }
 
+/// Counts every HTTP request the client sends (each attempt, each part of a multipart
+/// upload) by method, and the bytes of request and response bodies: what S3 bills and
+/// what `ops/bench` divides by segments.
+#[derive(Debug)]
+struct CountRequests;
+
+/// A Content-Length header's value; 0 when absent or not a number.
+fn length(header: Option<&str>) -> u64 {
+    header.and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+impl aws_sdk_s3::config::Intercept for CountRequests {
+    fn name(&self) -> &'static str {
+        "narrator-count-requests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        ctx: &aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &aws_sdk_s3::config::RuntimeComponents,
+        _: &mut aws_sdk_s3::config::ConfigBag,
+    ) -> Result<(), BoxError> {
+        use narrator_telemetry::metrics::{S3_BYTES, S3_REQUESTS};
+        let request = ctx.request();
+        let method = request.method().to_string();
+        metrics::counter!(S3_REQUESTS, "method" => method).increment(1);
+        let sent = request
+            .body()
+            .content_length()
+            .unwrap_or_else(|| length(request.headers().get("content-length")));
+        metrics::counter!(S3_BYTES, "direction" => "sent").increment(sent);
+        Ok(())
+    }
+
+    fn read_after_transmit(
+        &self,
+        ctx: &aws_sdk_s3::config::interceptors::BeforeDeserializationInterceptorContextRef<'_>,
+        _: &aws_sdk_s3::config::RuntimeComponents,
+        _: &mut aws_sdk_s3::config::ConfigBag,
+    ) -> Result<(), BoxError> {
+        let received = length(ctx.response().headers().get("content-length"));
+        metrics::counter!(narrator_telemetry::metrics::S3_BYTES, "direction" => "received")
+            .increment(received);
+        Ok(())
+    }
+}
+
 impl S3AudioStore {
     /// Checks the settings and makes the client (nothing is sent).
     async fn new(cfg: S3Config) -> Result<Self, S3Error> {
@@ -428,6 +475,7 @@ impl S3AudioStore {
                 aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired,
             )
             .http_client(http)
+            .interceptor(CountRequests)
             // No request hangs for ever (a stuck read, a server that stopped answering):
             // it fails as an outage and the caller retries later.
             .timeout_config(

@@ -89,6 +89,15 @@ pub const GPU_SM_CLOCK: &str = "narrator_gpu_sm_clock_mhz";
 pub const GPU_SM_CLOCK_MAX: &str = "narrator_gpu_sm_clock_max_mhz";
 /// 1 for each active clock throttle reason, by `gpu` and `reason`.
 pub const GPU_THROTTLE: &str = "narrator_gpu_throttle";
+/// AMQP operations on segment messages, by `op`: `publish` (confirmed or not: every
+/// message sent, republishes and dead letters included), `deliver`, `ack`, `nack`,
+/// `reject`.
+pub const BROKER_MESSAGES: &str = "narrator_broker_messages_total";
+/// HTTP requests sent to S3 (every attempt, each part of a multipart upload), by `method`.
+pub const S3_REQUESTS: &str = "narrator_s3_requests_total";
+/// Bytes of S3 request and response bodies (their Content-Length), by `direction`
+/// (`sent`, `received`).
+pub const S3_BYTES: &str = "narrator_s3_bytes_total";
 
 #[cfg(feature = "serve")]
 const SECONDS: &[f64] = &[
@@ -131,6 +140,12 @@ fn describe() {
     );
     describe_counter!(SEGMENTS_FAILED, "Segment failures, by retry class");
     describe_counter!(SEGMENTS_RETRIED, "Segments sent to a retry tier");
+    describe_counter!(
+        BROKER_MESSAGES,
+        "AMQP operations on segment messages, by op"
+    );
+    describe_counter!(S3_REQUESTS, "HTTP requests sent to S3, by method");
+    describe_counter!(S3_BYTES, Unit::Bytes, "S3 body bytes, by direction");
     describe_counter!(
         SEGMENTS_POSTPONED,
         "Segments postponed uncharged (an outage)"
