@@ -105,14 +105,21 @@ pub struct Claimed {
     pub segments: Vec<Segment>,
 }
 
-/// Locks the next unpublished segments of `job` that fit its `window` (the window less
-/// the segments published and not finished), skipping those another claim holds. `None`
-/// when the job is not queued or running. Call it in a transaction, publish what it
-/// returns, mark it published, then commit.
+/// Locks the next unpublished segments of `job` from index `from` on that fit its
+/// `window` (the window less the segments published and not finished), skipping those
+/// another claim holds. `None` when the job is not queued or running. Call it in a
+/// transaction, publish what it returns, mark it published, then commit.
+///
+/// `from` lets a caller that knows where the published part of the book ends start
+/// there: the outbox index keeps an entry for every segment published since the last
+/// vacuum, and a scan from index 0 steps over all of them (the work would grow with the
+/// book). A segment below `from` left unpublished (a claim rolled back) is found by a
+/// claim from 0, which the reconciler makes.
 pub async fn claim_dispatch(
     conn: &mut PgConnection,
     job: Uuid,
     window: u32,
+    from: u32,
 ) -> Result<Option<Claimed>, DbError> {
     let Some(row) = sqlx::query(
         "SELECT voice, priority, traceparent, tracestate, \
@@ -134,14 +141,17 @@ pub async fn claim_dispatch(
         tracestate: row.try_get("tracestate").ok().flatten(),
     });
     let segments = if room > 0 {
-        // The outbox's partial index, in index order: reads only what it takes.
+        // The outbox's partial index, in index order: reads only what it takes. It is on
+        // `idx + 0` (migration 20261213000000) so the primary key cannot serve this.
         sqlx::query(
             "SELECT idx, chapter, text, pause_after, speaker FROM segments \
-             WHERE job_id = $1 AND published_at IS NULL AND state = 'pending' \
-             ORDER BY idx LIMIT $2 FOR UPDATE SKIP LOCKED",
+             WHERE job_id = $1 AND idx + 0 >= $3 AND published_at IS NULL \
+               AND state = 'pending' \
+             ORDER BY idx + 0 LIMIT $2 FOR UPDATE SKIP LOCKED",
         )
         .bind(job)
         .bind(room)
+        .bind(crate::error::int4("segment index", from)?)
         .fetch_all(&mut *conn)
         .await?
         .iter()

@@ -467,7 +467,7 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
         .expect("scan");
     assert_eq!(due, [(job, voices[0].clone())]);
     let mut a = pool.begin().await.expect("tx");
-    let first = claim_dispatch(&mut a, job, 4)
+    let first = claim_dispatch(&mut a, job, 4, 0)
         .await
         .expect("claim")
         .expect("running");
@@ -483,7 +483,7 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
     );
     // Another claimer meanwhile skips the locked ones.
     let mut b = pool.begin().await.expect("tx");
-    let second = claim_dispatch(&mut b, job, 4)
+    let second = claim_dispatch(&mut b, job, 4, 0)
         .await
         .expect("claim")
         .expect("running");
@@ -493,25 +493,31 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
         .await
         .expect("mark");
     a.commit().await.expect("commit");
-    let claim = |window: u32| {
+    let claim = |window: u32, from: u32| {
         let pool = pool.clone();
         async move {
             let mut tx = pool.begin().await.expect("tx");
-            let c = claim_dispatch(&mut tx, job, window).await.expect("claim");
+            let c = claim_dispatch(&mut tx, job, window, from)
+                .await
+                .expect("claim");
             (tx, c.map(|c| indices(&c)))
         }
     };
-    let (tx, full) = claim(4).await;
+    let (tx, full) = claim(4, 0).await;
     tx.rollback().await.expect("rollback");
     assert_eq!(full, Some(vec![]), "the window is full");
     record_segments(&pool, job, &[rec(0, "w"), rec(1, "w")])
         .await
         .expect("record");
-    let (tx, room) = claim(4).await;
+    let (tx, room) = claim(4, 0).await;
     tx.rollback().await.expect("rollback"); // not published: left for the next claim
     assert_eq!(room, Some(vec![4, 5]), "two recorded, two more, in order");
+    // Told where to start, a claim starts there (4 and 5 are for a claim from 0).
+    let (tx, past) = claim(4, 6).await;
+    tx.rollback().await.expect("rollback");
+    assert_eq!(past, Some(vec![6, 7]));
     // A window grown with the fleet: 2 of 8 are out.
-    let (mut tx, grown) = claim(8).await;
+    let (mut tx, grown) = claim(8, 0).await;
     assert_eq!(grown, Some(vec![4, 5, 6, 7, 8, 9]));
     mark_published(&mut *tx, job, &[4, 5, 6, 7, 8, 9])
         .await
@@ -529,7 +535,7 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
     assert!(cancel_job(&pool, other).await.expect("cancel"));
     let mut tx = pool.begin().await.expect("tx");
     assert_eq!(
-        claim_dispatch(&mut tx, other, 4).await.expect("claim"),
+        claim_dispatch(&mut tx, other, 4, 0).await.expect("claim"),
         None
     );
     let due = dispatch_candidates(&pool, &voices, Duration::ZERO, 10)

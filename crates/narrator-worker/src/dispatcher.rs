@@ -17,9 +17,9 @@ pub struct Dispatcher {
     cluster: String,
     /// Per voice: the window its jobs keep published.
     windows: Mutex<HashMap<String, u32>>,
-    /// Jobs with a dispatch under way in this worker, and whether another was asked for
-    /// meanwhile (it then runs once more instead of alongside).
-    running: Mutex<HashMap<Uuid, bool>>,
+    /// Jobs with a dispatch under way in this worker, and, when another was asked for
+    /// meanwhile, the index it starts from (it then runs once more instead of alongside).
+    running: Mutex<HashMap<Uuid, Option<u32>>>,
 }
 
 impl Dispatcher {
@@ -57,9 +57,10 @@ impl Dispatcher {
         }
     }
 
-    /// Publishes what fits `job`'s window now; returns how many it published.
-    pub async fn top_up(&self, job: Uuid, voice: &str) -> usize {
-        let window = self.window(voice);
+    /// Publishes what fits `job`'s window now, its segments from index `from` on;
+    /// returns how many it published.
+    pub async fn top_up(&self, job: Uuid, voice: &str, from: u32) -> usize {
+        let window = (self.window(voice), from);
         match crate::publish::dispatch(&self.pool, &self.publisher, &self.cluster, job, window)
             .await
         {
@@ -73,25 +74,28 @@ impl Dispatcher {
         }
     }
 
-    /// Tops `job` up in the background: one dispatch per job at a time, a request made
-    /// while one runs folded into one more run after it.
-    pub fn nudge(self: &Arc<Self>, job: Uuid, voice: &str) {
+    /// Tops `job` up in the background after segments up to index `recorded` were
+    /// recorded (its unpublished segments are past them, but for a rolled-back claim's,
+    /// which the reconciler finds): one dispatch per job at a time, requests made while
+    /// one runs folded into one more run after it.
+    pub fn nudge(self: &Arc<Self>, job: Uuid, voice: &str, recorded: u32) {
         {
             let mut running = lock(&self.running);
             if let Some(again) = running.get_mut(&job) {
-                *again = true;
+                *again = Some(again.map_or(recorded, |r| r.max(recorded)));
                 return;
             }
-            running.insert(job, false);
+            running.insert(job, None);
         }
         let this = self.clone();
         let voice = voice.to_string();
         tokio::spawn(async move {
+            let mut from = recorded;
             loop {
-                this.top_up(job, &voice).await;
+                this.top_up(job, &voice, from).await;
                 let mut running = lock(&this.running);
                 match running.get_mut(&job) {
-                    Some(again) if *again => *again = false,
+                    Some(again @ Some(_)) => from = again.take().unwrap_or(from),
                     _ => {
                         running.remove(&job);
                         return;

@@ -96,7 +96,8 @@ impl Reconciler {
             }
         };
         for (job, voice) in jobs {
-            let n = self.dispatcher.top_up(job, &voice).await;
+            // From index 0: also what a rolled-back claim left behind the book's front.
+            let n = self.dispatcher.top_up(job, &voice, 0).await;
             if n > 0 {
                 tracing::debug!(%job, segments = n, "published segments into the job's window");
             }

@@ -68,8 +68,8 @@ impl StateStore for ClusterState {
         self.done.fetch_add(outcome.newly_done, Ordering::Relaxed);
         if outcome.job_complete {
             let _ = self.complete.send(id);
-        } else if outcome.newly_done > 0 {
-            self.dispatcher.nudge(id, &self.voice);
+        } else if let Some(&last) = outcome.recorded.last() {
+            self.dispatcher.nudge(id, &self.voice, last);
         }
         Ok(outcome.recorded)
     }

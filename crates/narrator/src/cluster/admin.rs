@@ -334,7 +334,7 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
         let window = share
             .first()
             .map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| s.window());
-        narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, window).await?;
+        narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, (window, 0)).await?;
         let _ = conn.close(200, "done".into()).await;
     }
     println!(

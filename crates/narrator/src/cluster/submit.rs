@@ -212,7 +212,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             let window = share
                 .first()
                 .map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| s.window());
-            narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, window).await?;
+            narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, (window, 0)).await?;
             anyhow::Ok(())
         }
         .instrument(publish)
