@@ -5,7 +5,7 @@
 //! so books submitted together advance together instead of one after the other, and a
 //! book submitted behind a backlog starts within one turn of the queue.
 //!
-//! The window shares a queue depth between the voice's running jobs: four times what the
+//! The window shares a queue depth between the voice's running jobs: twice what the
 //! live workers serving the voice may hold ([`FleetShare::window`]), so a book alone
 //! keeps the whole fleet busy, and many books each get a slice of at least
 //! [`MIN_DISPATCH_WINDOW`].
@@ -31,8 +31,10 @@ use crate::{DbError, secs};
 /// the voice (a turn of the queue is this many segments of each running book).
 pub const MIN_DISPATCH_WINDOW: u32 = 64;
 
-/// Queue depth aimed at per voice, in multiples of what its live workers may hold.
-const DEPTH_PER_PREFETCH: u64 = 4;
+/// Queue depth aimed at per voice, in multiples of what its live workers may hold: as
+/// much again ready in the queue as the workers hold, which refills every worker's
+/// prefetch once while the recordings' top-ups (milliseconds each) catch up.
+const DEPTH_PER_PREFETCH: u64 = 2;
 
 /// A voice's running jobs and what its live workers may hold: what windows are cut from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,8 +107,42 @@ pub struct Claimed {
     pub segments: Vec<Segment>,
 }
 
-/// Locks the next unpublished segments of `job` from index `from` on that fit its
-/// `window` (the window less the segments published and not finished), skipping those
+/// What a claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimLimits {
+    /// The job's window: the segments it keeps published.
+    pub window: u32,
+    /// The segment index the claim starts from.
+    pub from: u32,
+    /// Nothing is claimed while the window has room for fewer than this (unless that is
+    /// all the job has left unpublished): workers top up in runs, so the queue holds each
+    /// book's segments in runs and a batch spans a few books, not one segment of each.
+    pub at_least: u32,
+}
+
+impl ClaimLimits {
+    /// Whatever fits `window`, from the job's first segment.
+    pub fn fill(window: u32) -> Self {
+        Self {
+            window,
+            from: 0,
+            at_least: 1,
+        }
+    }
+
+    /// A worker's top-up after recording segments up to index `recorded`: in runs of
+    /// half the window, at most 64.
+    pub fn after_recording(window: u32, recorded: u32) -> Self {
+        Self {
+            window,
+            from: recorded,
+            at_least: (window / 2).clamp(1, 64),
+        }
+    }
+}
+
+/// Locks the next unpublished segments of `job` from index `limits.from` on that fit its
+/// window (the window less the segments published and not finished), skipping those
 /// another claim holds. `None` when the job is not queued or running. Call it in a
 /// transaction, publish what it returns, mark it published, then commit.
 ///
@@ -118,23 +154,27 @@ pub struct Claimed {
 pub async fn claim_dispatch(
     conn: &mut PgConnection,
     job: Uuid,
-    window: u32,
-    from: u32,
+    limits: ClaimLimits,
 ) -> Result<Option<Claimed>, DbError> {
     let Some(row) = sqlx::query(
-        "SELECT voice, priority, traceparent, tracestate, \
+        "SELECT voice, priority, traceparent, tracestate, segments_unpublished::bigint AS left, \
            greatest($2 - (segments_total - segments_done - segments_failed \
              - segments_unpublished), 0)::bigint AS room \
          FROM jobs WHERE id = $1 AND state IN ('queued', 'running')",
     )
     .bind(job)
-    .bind(i64::from(window))
+    .bind(i64::from(limits.window))
     .fetch_optional(&mut *conn)
     .await?
     else {
         return Ok(None);
     };
-    let room: i64 = row.try_get("room")?;
+    let left: i64 = row.try_get("left")?;
+    let mut room: i64 = row.try_get("room")?;
+    if room < i64::from(limits.at_least).min(left) {
+        room = 0;
+    }
+    let from = limits.from;
     let traceparent: Option<String> = row.try_get("traceparent")?;
     let trace = traceparent.map(|traceparent| TraceContext {
         traceparent,
@@ -204,14 +244,14 @@ mod tests {
 
     #[test]
     fn one_book_gets_the_whole_depth_and_many_share_it_down_to_the_floor() {
-        // 4 workers holding 129 each: a book alone may have 4 × 516 published.
-        assert_eq!(share(1, 516).window(), 2064);
-        assert_eq!(share(4, 516).window(), 516);
-        // 50 books: 42 each would be under the floor.
+        // 4 workers holding 129 each: a book alone may have 2 × 516 published.
+        assert_eq!(share(1, 516).window(), 1032);
+        assert_eq!(share(4, 516).window(), 258);
+        // 50 books: 21 each would be under the floor.
         assert_eq!(share(50, 516).window(), MIN_DISPATCH_WINDOW);
-        // No live worker yet, or no job counted yet (the submitting one is not).
+        // No live worker yet, or no job counted yet.
         assert_eq!(share(3, 0).window(), MIN_DISPATCH_WINDOW);
-        assert_eq!(share(0, 100).window(), 400);
+        assert_eq!(share(0, 100).window(), 200);
         assert_eq!(share(1, u64::MAX).window(), u32::MAX);
     }
 }

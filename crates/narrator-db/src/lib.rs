@@ -37,7 +37,8 @@ pub use cluster::{
     voice_outstanding,
 };
 pub use dispatch::{
-    Claimed, FleetShare, MIN_DISPATCH_WINDOW, claim_dispatch, dispatch_candidates, fleet_shares,
+    ClaimLimits, Claimed, FleetShare, MIN_DISPATCH_WINDOW, claim_dispatch, dispatch_candidates,
+    fleet_shares,
 };
 pub use error::DbError;
 pub use jobs::{

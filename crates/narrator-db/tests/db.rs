@@ -9,10 +9,10 @@ use narrator_core::{
     ChapterPlan, JobPlan, PackedAt, PauseAfter, Segment, SegmentRecord, StateStore,
 };
 use narrator_db::{
-    DbError, JobState, PgStateStore, RecordOutcome, WorkerInfo, cancel_job, claim_assembly,
-    claim_dispatch, create_job, dispatch_candidates, fail_job, finish_job, finished_segments,
-    heartbeat, job_status, list_jobs, list_workers, mark_published, record_segment,
-    record_segments,
+    ClaimLimits, DbError, JobState, PgStateStore, RecordOutcome, WorkerInfo, cancel_job,
+    claim_assembly, claim_dispatch, create_job, dispatch_candidates, fail_job, finish_job,
+    finished_segments, heartbeat, job_status, list_jobs, list_workers, mark_published,
+    record_segment, record_segments,
 };
 use narrator_test_support::TestDb;
 use sqlx::PgPool;
@@ -467,7 +467,7 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
         .expect("scan");
     assert_eq!(due, [(job, voices[0].clone())]);
     let mut a = pool.begin().await.expect("tx");
-    let first = claim_dispatch(&mut a, job, 4, 0)
+    let first = claim_dispatch(&mut a, job, ClaimLimits::fill(4))
         .await
         .expect("claim")
         .expect("running");
@@ -483,7 +483,7 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
     );
     // Another claimer meanwhile skips the locked ones.
     let mut b = pool.begin().await.expect("tx");
-    let second = claim_dispatch(&mut b, job, 4, 0)
+    let second = claim_dispatch(&mut b, job, ClaimLimits::fill(4))
         .await
         .expect("claim")
         .expect("running");
@@ -493,31 +493,41 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
         .await
         .expect("mark");
     a.commit().await.expect("commit");
-    let claim = |window: u32, from: u32| {
+    let claim = |limits: ClaimLimits| {
         let pool = pool.clone();
         async move {
             let mut tx = pool.begin().await.expect("tx");
-            let c = claim_dispatch(&mut tx, job, window, from)
-                .await
-                .expect("claim");
+            let c = claim_dispatch(&mut tx, job, limits).await.expect("claim");
             (tx, c.map(|c| indices(&c)))
         }
     };
-    let (tx, full) = claim(4, 0).await;
+    let (tx, full) = claim(ClaimLimits::fill(4)).await;
     tx.rollback().await.expect("rollback");
     assert_eq!(full, Some(vec![]), "the window is full");
     record_segments(&pool, job, &[rec(0, "w"), rec(1, "w")])
         .await
         .expect("record");
-    let (tx, room) = claim(4, 0).await;
+    let (tx, room) = claim(ClaimLimits::fill(4)).await;
     tx.rollback().await.expect("rollback"); // not published: left for the next claim
     assert_eq!(room, Some(vec![4, 5]), "two recorded, two more, in order");
     // Told where to start, a claim starts there (4 and 5 are for a claim from 0).
-    let (tx, past) = claim(4, 6).await;
+    let from_six = ClaimLimits {
+        from: 6,
+        ..ClaimLimits::fill(4)
+    };
+    let (tx, past) = claim(from_six).await;
     tx.rollback().await.expect("rollback");
     assert_eq!(past, Some(vec![6, 7]));
+    // Asked for runs of 3, a worker's top-up waits while there is room for 2.
+    let run_of_three = ClaimLimits {
+        at_least: 3,
+        ..ClaimLimits::fill(4)
+    };
+    let (tx, waits) = claim(run_of_three).await;
+    tx.rollback().await.expect("rollback");
+    assert_eq!(waits, Some(vec![]));
     // A window grown with the fleet: 2 of 8 are out.
-    let (mut tx, grown) = claim(8, 0).await;
+    let (mut tx, grown) = claim(ClaimLimits::fill(8)).await;
     assert_eq!(grown, Some(vec![4, 5, 6, 7, 8, 9]));
     mark_published(&mut *tx, job, &[4, 5, 6, 7, 8, 9])
         .await
@@ -535,7 +545,9 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
     assert!(cancel_job(&pool, other).await.expect("cancel"));
     let mut tx = pool.begin().await.expect("tx");
     assert_eq!(
-        claim_dispatch(&mut tx, other, 4, 0).await.expect("claim"),
+        claim_dispatch(&mut tx, other, ClaimLimits::fill(4))
+            .await
+            .expect("claim"),
         None
     );
     let due = dispatch_candidates(&pool, &voices, Duration::ZERO, 10)
@@ -580,7 +592,7 @@ async fn fleet_shares_count_running_jobs_and_live_workers_prefetch() {
         .map(|s| (s.active_jobs, s.fleet_prefetch))
         .collect();
     assert_eq!(got, [(2, 100), (0, 7)]);
-    assert_eq!(shares[0].window(), 200, "4 × 100 shared by 2");
+    assert_eq!(shares[0].window(), 100, "2 × 100 shared by 2");
 }
 
 #[tokio::test]

@@ -1,34 +1,42 @@
 //! Keeps each running job's window of segments published (fair share between books, see
 //! `narrator_db`'s dispatch module): after every recording the worker publishes as many
-//! more of that job as fit its window; the reconciler refreshes the windows from the
-//! fleet and tops up jobs no recording moved (a producer that died, a window that grew).
+//! more of that job as fit its window; the windows follow the fleet and the running jobs
+//! (looked up at most once a second per voice, and by the reconciler), which also tops up
+//! jobs no recording moved (a producer that died, a window that grew).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use narrator_broker::Publisher;
-use narrator_db::{MIN_DISPATCH_WINDOW, PgPool, Uuid};
+use narrator_db::{ClaimLimits, MIN_DISPATCH_WINDOW, PgPool, Uuid};
+
+/// How long a voice's window is used before it is looked up again.
+const WINDOW_FRESH_FOR: Duration = Duration::from_secs(1);
 
 /// Publishes jobs' next segments, one dispatch at a time per job.
 pub struct Dispatcher {
     pool: PgPool,
     publisher: Publisher,
     cluster: String,
-    /// Per voice: the window its jobs keep published.
-    windows: Mutex<HashMap<String, u32>>,
+    /// Workers seen this recently count in the fleet.
+    seen_within: Duration,
+    /// Per voice: the window its jobs keep published, and when it was computed.
+    windows: Mutex<HashMap<String, (u32, Instant)>>,
     /// Jobs with a dispatch under way in this worker, and, when another was asked for
     /// meanwhile, the index it starts from (it then runs once more instead of alongside).
     running: Mutex<HashMap<Uuid, Option<u32>>>,
 }
 
 impl Dispatcher {
-    /// Dispatches into `pool` and through `publisher`, tied to `cluster`.
-    pub fn new(pool: PgPool, publisher: Publisher, cluster: String) -> Self {
+    /// Dispatches into `pool` and through `publisher`, tied to `cluster`; workers seen
+    /// within `seen_within` make the fleet.
+    pub fn new(pool: PgPool, publisher: Publisher, cluster: String, seen_within: Duration) -> Self {
         Self {
             pool,
             publisher,
             cluster,
+            seen_within,
             windows: Mutex::default(),
             running: Mutex::default(),
         }
@@ -39,29 +47,39 @@ impl Dispatcher {
     pub fn window(&self, voice: &str) -> u32 {
         lock(&self.windows)
             .get(voice)
-            .copied()
-            .unwrap_or(MIN_DISPATCH_WINDOW)
+            .map_or(MIN_DISPATCH_WINDOW, |w| w.0)
     }
 
     /// Recomputes the windows of `voices` from their running jobs and the prefetch of
-    /// workers seen within `seen_within`.
-    pub async fn refresh(&self, voices: &[String], seen_within: Duration) {
-        match narrator_db::fleet_shares(&self.pool, voices, seen_within).await {
+    /// the live workers serving them.
+    pub async fn refresh(&self, voices: &[String]) {
+        match narrator_db::fleet_shares(&self.pool, voices, self.seen_within).await {
             Ok(shares) => {
                 let mut windows = lock(&self.windows);
                 for s in shares {
-                    windows.insert(s.voice.clone(), s.window());
+                    windows.insert(s.voice.clone(), (s.window(), Instant::now()));
                 }
             }
             Err(e) => tracing::debug!(error = %e, "cannot read the fleet's share of jobs"),
         }
     }
 
-    /// Publishes what fits `job`'s window now, its segments from index `from` on;
-    /// returns how many it published.
-    pub async fn top_up(&self, job: Uuid, voice: &str, from: u32) -> usize {
-        let window = (self.window(voice), from);
-        match crate::publish::dispatch(&self.pool, &self.publisher, &self.cluster, job, window)
+    /// Publishes what fits `job`'s window now: after a recording of segments up to
+    /// `recorded`, from there and in runs; without one (`None`), whatever fits, from the
+    /// job's first segment. Returns how many it published. The voice's window is looked
+    /// up again first when it is older than a second (books come and go).
+    pub async fn top_up(&self, job: Uuid, voice: &str, recorded: Option<u32>) -> usize {
+        let stale = lock(&self.windows)
+            .get(voice)
+            .is_none_or(|w| w.1.elapsed() >= WINDOW_FRESH_FOR);
+        if stale {
+            self.refresh(&[voice.to_string()]).await;
+        }
+        let window = self.window(voice);
+        let limits = recorded.map_or(ClaimLimits::fill(window), |r| {
+            ClaimLimits::after_recording(window, r)
+        });
+        match crate::publish::dispatch(&self.pool, &self.publisher, &self.cluster, job, limits)
             .await
         {
             Ok(n) => n,
@@ -92,7 +110,7 @@ impl Dispatcher {
         tokio::spawn(async move {
             let mut from = recorded;
             loop {
-                this.top_up(job, &voice, from).await;
+                this.top_up(job, &voice, Some(from)).await;
                 let mut running = lock(&this.running);
                 match running.get_mut(&job) {
                     Some(again @ Some(_)) => from = again.take().unwrap_or(from),

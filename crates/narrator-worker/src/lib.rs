@@ -250,6 +250,7 @@ impl Worker {
             pool.clone(),
             Publisher::new(&conn).await?,
             cluster.to_string(),
+            every * 6,
         ));
         for v in voices {
             let name = v.voice.clone();

@@ -5,7 +5,7 @@
 
 use narrator_broker::{Publisher, SegmentMessage};
 use narrator_core::{Segment, TraceContext};
-use narrator_db::{PgPool, Uuid};
+use narrator_db::{ClaimLimits, PgPool, Uuid};
 
 use crate::WorkerError;
 
@@ -52,8 +52,8 @@ fn messages(
         .collect()
 }
 
-/// Publishes the next unpublished segments of `job` from index `from` on that fit its
-/// `window` ([`narrator_db::claim_dispatch`]): claimed, published with confirms and marked
+/// Publishes the next unpublished segments of `job` that fit its window, within `limits`
+/// ([`narrator_db::claim_dispatch`]): claimed, published with confirms and marked
 /// published in one transaction, so two dispatchers never take the same ones and one
 /// that fails leaves them for the next. Returns how many it published (0 when the window
 /// is full, the job has none left unpublished or is not running).
@@ -62,12 +62,12 @@ pub async fn dispatch(
     publisher: &Publisher,
     cluster: &str,
     job: Uuid,
-    (window, from): (u32, u32),
+    limits: ClaimLimits,
 ) -> Result<usize, WorkerError> {
     let mut tx = pool.begin().await.map_err(narrator_db::DbError::from)?;
     // Every way out ends the transaction here: a dropped one would keep its row locks
     // until its connection is next used.
-    match claim_and_publish(&mut tx, publisher, cluster, job, (window, from)).await {
+    match claim_and_publish(&mut tx, publisher, cluster, job, limits).await {
         Ok(n) => {
             tx.commit().await.map_err(narrator_db::DbError::from)?;
             Ok(n)
@@ -85,9 +85,9 @@ async fn claim_and_publish(
     publisher: &Publisher,
     cluster: &str,
     job: Uuid,
-    (window, from): (u32, u32),
+    limits: ClaimLimits,
 ) -> Result<usize, WorkerError> {
-    let Some(claimed) = narrator_db::claim_dispatch(tx, job, window, from).await? else {
+    let Some(claimed) = narrator_db::claim_dispatch(tx, job, limits).await? else {
         return Ok(0);
     };
     let route = (claimed.voice.as_str(), claimed.priority);

@@ -78,9 +78,7 @@ impl Reconciler {
     /// segments unpublished that was submitted more than `unpublished_after` ago: those
     /// whose producer died before publishing, and those whose window grew.
     async fn outbox(&self) {
-        self.dispatcher
-            .refresh(&self.voices, self.heartbeat * 6)
-            .await;
+        self.dispatcher.refresh(&self.voices).await;
         let jobs = match narrator_db::dispatch_candidates(
             &self.pool,
             &self.voices,
@@ -97,7 +95,7 @@ impl Reconciler {
         };
         for (job, voice) in jobs {
             // From index 0: also what a rolled-back claim left behind the book's front.
-            let n = self.dispatcher.top_up(job, &voice, 0).await;
+            let n = self.dispatcher.top_up(job, &voice, None).await;
             if n > 0 {
                 tracing::debug!(%job, segments = n, "published segments into the job's window");
             }

@@ -334,7 +334,8 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
         let window = share
             .first()
             .map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| s.window());
-        narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, (window, 0)).await?;
+        let limits = narrator_db::ClaimLimits::fill(window);
+        narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, limits).await?;
         let _ = conn.close(200, "done".into()).await;
     }
     println!(

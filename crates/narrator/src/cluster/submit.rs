@@ -173,7 +173,7 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
         );
     }
     let mut unpublished = 0;
-    for (plan, span) in &plans {
+    for (n, (plan, span)) in plans.iter().enumerate() {
         let record = info_span!(parent: span, "record", otel.name = "INSERT jobs",
             db.system.name = "postgresql", db.operation.name = "INSERT", db.collection.name = "jobs");
         let job = async {
@@ -209,10 +209,15 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
                 FLEET_SEEN_WITHIN,
             )
             .await?;
-            let window = share
-                .first()
-                .map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| s.window());
-            narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, (window, 0)).await?;
+            // The books of this submission still to come count as running already: the
+            // first of a folder does not take the whole queue before the others arrive.
+            let window = share.first().map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| {
+                let mut s = s.clone();
+                s.active_jobs += (plans.len() - 1 - n) as u64;
+                s.window()
+            });
+            let limits = narrator_db::ClaimLimits::fill(window);
+            narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, limits).await?;
             anyhow::Ok(())
         }
         .instrument(publish)
