@@ -45,10 +45,10 @@ ROUND_TRIPS = [
 ]
 
 
-def round_trips(out, n):
-    """{(metric, label value): total} from a Prometheus text scrape, summed over labels."""
+def round_trips(path):
+    """{(metric, label value): total} from a Prometheus text scrape (several workers'
+    concatenated), summed over the other labels; empty when the file is missing."""
     found = {}
-    path = out / f"metrics_{n}.txt"
     if not path.exists():
         return found
     for line in path.read_text().splitlines():
@@ -101,7 +101,7 @@ def main(argv):
             cells.append("-" if c is None else f"{c[0] / n:.3f} / {c[1] / n:.2f} / {c[2] / n:.2f}")
         label = k.replace("|", "\\|")
         print(f"| `{label}` | " + " | ".join(cells) + " |")
-    trips = {n: round_trips(out, n) for n in sizes}
+    trips = {n: round_trips(out / f"metrics_{n}.txt") for n in sizes}
     keys = sorted(set().union(*[set(t) for t in trips.values()]))
     if keys:
         print()

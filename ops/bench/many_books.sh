@@ -131,7 +131,7 @@ done >"$OUT/metrics.txt"
 # The books' audio leaves the S3 test server (gigabytes).
 "$BIN" jobs prune --older-than 0s --delete-outputs >/dev/null
 read -r su ss < <(awk '{for (i = 1; i <= 2; i++) {split($i, p, "m"); sub("s", "", p[2]); printf "%s ", p[1] * 60 + p[2]}; print ""}' "$WORK/submit.time")
-python3 - "$OUT" "$BOOKS" "$SEGMENTS" "$WORKERS" "$ENGINE" "$t0" "$t1" "$cpu0" "$cpu1" "$su" "$ss" "$submit_s" "$(getconf CLK_TCK)" <<'PY'
+python3 - "$OUT" "$BOOKS" "$SEGMENTS" "$WORKERS" "$ENGINE" "$t0" "$t1" "$cpu0" "$cpu1" "$su" "$ss" "$submit_s" "$(getconf CLK_TCK)" "$ROOT/ops/bench" <<'PY'
 import statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
@@ -165,17 +165,10 @@ print(f"books finished: first {ends[0]:.1f} s, median {statistics.median(ends):.
 spans = [(float(j[0]) - t0, float(j[1]) - t0) for j in jobs if j[0] and j[1]]
 most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
 print(f"books in progress at once: at most {most}")
-trips = {}
-for line in (out / "metrics.txt").read_text().splitlines():
-    for metric, label in (("narrator_broker_messages_total", "op"), ("narrator_s3_requests_total", "method"),
-                          ("narrator_s3_bytes_total", "direction")):
-        if line.startswith(metric + "{"):
-            labels, value = line[len(metric) + 1:].rsplit("} ", 1)
-            for pair in labels.split(","):
-                k, _, v = pair.partition("=")
-                if k == label:
-                    key = f"{metric.removeprefix('narrator_').removesuffix('_total')} {v.strip(chr(34))}"
-                    trips[key] = trips.get(key, 0.0) + float(value)
+sys.path.insert(0, str(Path(sys.argv[14])))
+from control_plane_report import round_trips
+trips = {f"{m.removeprefix('narrator_').removesuffix('_total')} {v}": x
+         for (m, v), x in round_trips(out / "metrics.txt").items()}
 if trips:
     print("per segment, the workers' /metrics (submit's first windows not included): "
           + ", ".join(f"{k} {v / n:.3f}" for k, v in sorted(trips.items())))

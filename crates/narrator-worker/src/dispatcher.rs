@@ -1,8 +1,8 @@
 //! Keeps each running job's window of segments published (fair share between books, see
 //! `narrator_db`'s dispatch module): after every recording the worker publishes as many
 //! more of that job as fit its window; the windows follow the fleet and the running jobs
-//! (looked up at most once a second per voice, and by the reconciler), which also tops up
-//! jobs no recording moved (a producer that died, a window that grew).
+//! (looked up at most once a second per voice). The reconciler tops up jobs no recording
+//! moved (a producer that died, a window that grew).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,18 +42,18 @@ impl Dispatcher {
         }
     }
 
-    /// The window of `voice`'s jobs: the last one [`Self::refresh`] computed, the
-    /// smallest before that.
+    /// The window of `voice`'s jobs: the last one looked up, the smallest before that.
     pub fn window(&self, voice: &str) -> u32 {
         lock(&self.windows)
             .get(voice)
             .map_or(MIN_DISPATCH_WINDOW, |w| w.0)
     }
 
-    /// Recomputes the windows of `voices` from their running jobs and the prefetch of
-    /// the live workers serving them.
-    pub async fn refresh(&self, voices: &[String]) {
-        match narrator_db::fleet_shares(&self.pool, voices, self.seen_within).await {
+    /// Recomputes the window of `voice` from its running jobs and the prefetch of the
+    /// live workers serving it.
+    async fn refresh(&self, voice: &str) {
+        let voices = [voice.to_string()];
+        match narrator_db::fleet_shares(&self.pool, &voices, self.seen_within).await {
             Ok(shares) => {
                 let mut windows = lock(&self.windows);
                 for s in shares {
@@ -73,7 +73,7 @@ impl Dispatcher {
             .get(voice)
             .is_none_or(|w| w.1.elapsed() >= WINDOW_FRESH_FOR);
         if stale {
-            self.refresh(&[voice.to_string()]).await;
+            self.refresh(voice).await;
         }
         let window = self.window(voice);
         let limits = recorded.map_or(ClaimLimits::fill(window), |r| {

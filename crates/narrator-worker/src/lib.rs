@@ -44,7 +44,7 @@ use narrator_s3::S3AudioStore;
 use narrator_telemetry::serve::Health;
 use tokio::sync::{mpsc, watch};
 
-pub use publish::{dispatch, publish_segments};
+pub use publish::{dispatch, first_window, publish_segments};
 
 /// One voice on one device, loaded and planned by the caller.
 pub struct VoiceEngine {

@@ -5,7 +5,7 @@
 
 use narrator_broker::{Publisher, SegmentMessage};
 use narrator_core::{Segment, TraceContext};
-use narrator_db::{ClaimLimits, PgPool, Uuid};
+use narrator_db::{ClaimLimits, FleetShare, PgPool, Uuid};
 
 use crate::WorkerError;
 
@@ -51,6 +51,29 @@ fn messages(
         })
         .collect()
 }
+
+/// The window a job of `voice` starts with, from its running jobs (`coming` more about
+/// to be submitted) and the prefetch of the workers seen in the last minute.
+pub async fn first_window(
+    pool: &PgPool,
+    voice: &str,
+    coming: u64,
+) -> Result<u32, narrator_db::DbError> {
+    let voices = [voice.to_string()];
+    let shares = narrator_db::fleet_shares(pool, &voices, FLEET_SEEN_WITHIN).await?;
+    Ok(shares
+        .first()
+        .map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| {
+            FleetShare {
+                active_jobs: s.active_jobs + coming,
+                ..s.clone()
+            }
+            .window()
+        }))
+}
+
+/// Workers seen this recently count in the fleet a first window is cut for.
+const FLEET_SEEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Publishes the next unpublished segments of `job` that fit its window, within `limits`
 /// ([`narrator_db::claim_dispatch`]): claimed, published with confirms and marked

@@ -36,7 +36,7 @@ pub struct Reconciler {
     pub channel: lapin::Channel,
     /// The cluster id the messages carry.
     pub cluster: String,
-    /// Keeps the jobs' windows published; its windows are refreshed here.
+    /// Keeps the jobs' windows published.
     pub dispatcher: std::sync::Arc<crate::dispatcher::Dispatcher>,
     /// The voices this worker serves (the watchdog looks after their jobs).
     pub voices: Vec<String>,
@@ -74,11 +74,10 @@ pub(crate) async fn ready_messages(channel: &lapin::Channel, queue: &str) -> Opt
 }
 
 impl Reconciler {
-    /// Refreshes the windows from the fleet, then tops up every running job with
-    /// segments unpublished that was submitted more than `unpublished_after` ago: those
-    /// whose producer died before publishing, and those whose window grew.
+    /// Tops up every running job with segments unpublished that was submitted more than
+    /// `unpublished_after` ago: those whose producer died before publishing, and those
+    /// whose window grew.
     async fn outbox(&self) {
-        self.dispatcher.refresh(&self.voices).await;
         let jobs = match narrator_db::dispatch_candidates(
             &self.pool,
             &self.voices,

@@ -325,21 +325,13 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
         let publisher = Publisher::new(&conn).await?;
         let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
         // Its first window; workers publish the rest as they record (fair share).
-        let share = narrator_db::fleet_shares(
-            &pool,
-            std::slice::from_ref(&voice),
-            std::time::Duration::from_secs(60),
-        )
-        .await?;
-        let window = share
-            .first()
-            .map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| s.window());
+        let window = narrator_worker::first_window(&pool, &voice, 0).await?;
         let limits = narrator_db::ClaimLimits::fill(window);
         narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, limits).await?;
         let _ = conn.close(200, "done".into()).await;
     }
     println!(
-        "job {job} is back to work: {} segments back to work{}",
+        "job {job} is back to work: {} segments enqueued again{}",
         segments.len(),
         if segments.is_empty() {
             " (all were done; a worker assembles it)"

@@ -203,19 +203,10 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             otel.kind = "producer", messaging.system = "rabbitmq", messaging.operation.type = "publish",
             messaging.destination.name = %queue, messaging.batch.message_count = plan.segments.len());
         let published = async {
-            let share = narrator_db::fleet_shares(
-                &pool,
-                std::slice::from_ref(&voice.name),
-                FLEET_SEEN_WITHIN,
-            )
-            .await?;
             // The books of this submission still to come count as running already: the
             // first of a folder does not take the whole queue before the others arrive.
-            let window = share.first().map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| {
-                let mut s = s.clone();
-                s.active_jobs += (plans.len() - 1 - n) as u64;
-                s.window()
-            });
+            let coming = (plans.len() - 1 - n) as u64;
+            let window = narrator_worker::first_window(&pool, &voice.name, coming).await?;
             let limits = narrator_db::ClaimLimits::fill(window);
             narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, limits).await?;
             anyhow::Ok(())
