@@ -51,12 +51,7 @@ if ! port_open 5672; then
     wait_port 5672 90 || die "RabbitMQ did not open 127.0.0.1:5672 in 90 s (see /var/log/rabbitmq)"
 fi
 # narrator-s3's tests need an S3-compatible server (s3s-fs from ops/setup.sh --test).
-export NARRATOR_S3_PORT="${NARRATOR_S3_PORT:-9010}"
-export NARRATOR_S3_ENDPOINT="${NARRATOR_S3_ENDPOINT:-http://127.0.0.1:$NARRATOR_S3_PORT}"
-export NARRATOR_S3_BUCKET="${NARRATOR_S3_BUCKET:-narrator}"
-export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-narrator}"
-export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-narrator-secret}"
-export AWS_REGION="${AWS_REGION:-us-east-1}"
+source ops/test-env.sh
 bash ops/s3-server.sh start
 # Every Kubernetes manifest, rendered with kustomize and validated against the Kubernetes
 # and KEDA schemas (offline, tools from PyPI and npm).
@@ -69,11 +64,7 @@ fi
 tail -n 1 "$build_log"
 # The runner: cargo-nextest, every test in a process of its own, several at once
 # (.config/nextest.toml says how many and which may not share the machine); setup built it
-# into its tools folder where it was not installed.
-if ! cargo nextest --version >/dev/null 2>&1; then
-    nextest_version="$(sed -n 's/^NEXTEST_VERSION=//p' ops/setup.sh)"
-    export PATH="${XDG_CACHE_HOME:-$HOME/.cache}/narrator/tools/cargo-nextest-$nextest_version/bin:$PATH"
-fi
+# into its tools folder where it was not installed (on PATH by ops/test-env.sh).
 cargo nextest run --workspace --locked "$@"
 # nextest does not run documentation examples: cargo test does.
 cargo test --workspace --locked --doc

@@ -319,6 +319,40 @@ fn a_failing_segment_is_dead_lettered_alone_and_the_job_can_be_retried() {
     assert!(err.contains("not failed"), "{err}");
 }
 
+/// A book whose every segment fails for good ends `failed` at the pace its failures are
+/// recorded: each failure frees room in the book's window and tops it up, as a recording
+/// does. Topped up only by recordings, a failing book advanced one window (64 segments
+/// here) per reconciler tick (10 s): 2,000 segments would take over 5 minutes.
+#[test]
+fn a_book_whose_every_segment_fails_ends_failed_within_90_s() {
+    let mut w = World::new();
+    // 20 chapters of 100 sentences, every one with the word that fails.
+    let mut text = String::from("# Nothing Can Be Said\n\n");
+    for c in 1..=20 {
+        text.push_str(&format!("## Chapter {c}\n\n"));
+        for i in 0..100 {
+            text.push_str(&format!("Plugh number {i} of chapter {c} fails. "));
+            if i % 5 == 4 {
+                text.push_str("\n\n");
+            }
+        }
+        text.push_str("\n\n");
+    }
+    let book = w.book("failing.md", &text);
+    let worker = w.worker(
+        "failing",
+        &["--engine", "null", "--prefetch", "16"],
+        &[("NARRATOR_TEST_FAIL_TEXT", "Plugh")],
+    );
+    let job = w.submit(&book, &["--format", "wav"]);
+    let st = w.status(job);
+    assert_eq!(st["segments_total"], 2000, "{st}");
+    w.wait_state(job, JobState::Failed, Duration::from_secs(90));
+    let st = w.status(job);
+    assert_eq!(st["segments_failed"], 2000, "{st}");
+    assert!(w.stop(worker, 15).success(), "{}", w.logs());
+}
+
 #[test]
 fn a_cancelled_job_gets_no_more_work() {
     let mut w = World::new();

@@ -6,10 +6,13 @@
 //! (pg_stat_database: transactions, rows written, rows read by scans and index fetches),
 //! which do not depend on how busy the machine is.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use narrator_db::{JobState, Uuid};
-use narrator_test_support::{DbCounts, World, book_text};
+use narrator_test_support::{DbCounts, VOICE, World, book_text};
 
 /// A whole job as a user runs it on a null-engine worker: submit, `status --wait`, then
 /// one `status --json` per 100 segments (a user watching it), the worker stopped. Returns
@@ -82,37 +85,112 @@ fn postgres_work_per_segment_stays_flat_from_a_short_book_to_a_long_one() {
     }
 }
 
-/// Fair share: four books submitted before any worker runs are worked on side by side,
-/// not one after the other. Each keeps only a window of segments in the queue, topped up
-/// as they are recorded, so every book has its first segment done before any book is
-/// finished (queued whole, in submission order, the fourth book would start only once
-/// the first three were done). The window counts stay right through it.
+/// Fair share: four books submitted to a running worker are worked on side by side, not
+/// one after the other. Each keeps only a window of segments published (queued or held
+/// by the worker), topped up as they are recorded: sampled every 100 ms while they run,
+/// no book ever has more published and unfinished segments than its window, and every
+/// book has its first segment done before any book is finished (queued whole, in
+/// submission order, the fourth book would start only once the first three were done).
+/// The window counts stay right through it.
+///
+/// It is also the system-level check that concurrent top-ups of one job (recordings and
+/// the reconciler, `claim_dispatch`) never take a window past its size.
 #[test]
 fn books_submitted_together_advance_together() {
+    const PREFETCH: u64 = 32;
+    const BOOKS: usize = 4;
     let mut w = World::new();
+    // The window (narrator_db::FleetShare::window): twice the live workers' prefetch
+    // (2 × 32 = 64) shared by the voice's running jobs, at least MIN_DISPATCH_WINDOW (64).
+    // With this one worker that is 64 whether 1, 2, 3 or 4 books are running (64, 32,
+    // 22, 16 raised to 64), and 64 before its first heartbeat (no prefetch: the
+    // minimum): every book's window is 64 throughout, the exact bound checked below.
+    let window = (0..=BOOKS as u64)
+        .flat_map(|active_jobs| {
+            [0, PREFETCH].map(|fleet_prefetch| {
+                narrator_db::FleetShare {
+                    voice: VOICE.into(),
+                    active_jobs,
+                    fleet_prefetch,
+                }
+                .window()
+            })
+        })
+        .max()
+        .map(i64::from)
+        .expect("windows");
+    assert_eq!(window, 64, "the window this test was written for");
+    // Engine runs of 30 ms with at most 8 segments each: the 1,600 segments take at least
+    // 200 runs, 6 s, so the books run side by side for many samples.
+    let prefetch = PREFETCH.to_string();
+    let worker = w.worker(
+        "fair",
+        &[
+            "--engine",
+            "null",
+            "--prefetch",
+            &prefetch,
+            "--max-batch",
+            "8",
+        ],
+        &[("NARRATOR_TEST_RUN_MS", "30")],
+    );
+    // Sampled from before the first submission to the last book's end.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (pool, stop) = (w.pool.clone(), stop.clone());
+        w.rt.spawn(async move {
+            let mut most: HashMap<Uuid, i64> = HashMap::new();
+            let (mut most_total, mut samples) = (0_i64, 0_u32);
+            while !stop.load(Ordering::Relaxed) {
+                let rows: Vec<(Uuid, i64)> = sqlx::query_as(
+                    "SELECT job_id, count(*) FROM segments \
+                     WHERE published_at IS NOT NULL AND state = 'pending' GROUP BY job_id",
+                )
+                .fetch_all(&pool)
+                .await
+                .expect("sample");
+                for &(job, n) in &rows {
+                    let m = most.entry(job).or_default();
+                    *m = (*m).max(n);
+                }
+                most_total = most_total.max(rows.iter().map(|r| r.1).sum());
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (most, most_total, samples)
+        })
+    };
     let book = w.book("book.md", &book_text(4, 100, None));
-    let jobs: Vec<Uuid> = (0..4)
+    let jobs: Vec<Uuid> = (0..BOOKS)
         .map(|_| w.submit(&book, &["--format", "wav"]))
         .collect();
-    let published = |w: &World| -> i64 {
-        w.rt.block_on(
-            sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM segments WHERE published_at IS NOT NULL",
-            )
-            .fetch_one(&w.pool),
-        )
-        .expect("count")
-    };
-    let queued = published(&w);
-    assert!(
-        queued < 4 * 400,
-        "only each book's first window is queued at submission, not {queued} segments"
-    );
-    let worker = w.worker("fair", &["--engine", "null"], &[]);
     for &job in &jobs {
         w.wait_state(job, JobState::Done, Duration::from_secs(300));
     }
+    stop.store(true, Ordering::Relaxed);
+    let (most, most_total, samples) = w.rt.block_on(sampler).expect("sampler");
     assert!(w.stop(worker, 15).success(), "worker exit: {}", w.logs());
+    eprintln!(
+        "window {window}: most published and unfinished per book {:?}, {most_total} in all, \
+         over {samples} samples",
+        jobs.iter()
+            .map(|j| most.get(j).copied().unwrap_or(0))
+            .collect::<Vec<_>>()
+    );
+    for (i, job) in jobs.iter().enumerate() {
+        let seen = most.get(job).copied().unwrap_or(0);
+        assert!(seen > 0, "book {i} was never seen with segments published");
+        assert!(
+            seen <= window,
+            "book {i} had {seen} segments published and unfinished, past its window of \
+             {window} ({samples} samples)"
+        );
+    }
+    assert!(
+        most_total <= BOOKS as i64 * window,
+        "{most_total} segments published and unfinished at once, past {BOOKS} windows of {window}"
+    );
     let (first_done, first_finished): (f64, f64) =
         w.rt.block_on(
             sqlx::query_as(

@@ -168,8 +168,8 @@ fn duplicate_deliveries_processed_at_once_leave_audio_and_figures_in_agreement()
 
 /// Promise 1: no job is ever stuck. Two of a job's messages are lost (taken off the
 /// queue and dropped, as a broker that lost its disk or dead-lettered them would); the
-/// worker's watchdog notices the job made no progress for a lease and publishes them
-/// again.
+/// worker's watchdog notices two messages of the voice missing, finds which (the lane's
+/// front passed them a lease ago) and publishes them again.
 #[test]
 fn segments_lost_by_the_broker_are_published_again_after_a_lease() {
     let mut w = World::new();
@@ -210,7 +210,7 @@ fn segments_lost_by_the_broker_are_published_again_after_a_lease() {
     w.ok(&["status", &job.to_string(), "--wait"]);
     check_job(&w, job, false);
     let log = w.worker_log("watch");
-    assert!(log.contains("made no progress for a lease"), "{log}");
+    assert!(log.contains("were lost; publishing them again"), "{log}");
     let rescues: i32 =
         w.rt.block_on(
             sqlx::query_scalar("SELECT rescues FROM jobs WHERE id = $1")
@@ -750,4 +750,110 @@ fn a_segment_that_kills_its_worker_is_given_up_alone_and_its_neighbours_are_not_
         w.logs()
     );
     assert_eq!(w.queue_ready(narrator_broker::DEAD_LETTER_QUEUE), 1);
+}
+
+/// Promise 8, the other side: a flood of high-priority books never holds normal-lane
+/// deliveries up to the broker's consumer timeout. A private broker whose
+/// `consumer_timeout` is 60 s; one worker (one item a run, 100 ms a run, 8 held per
+/// lane, `--max-hold 10`); a normal book held from the worker's start, then
+/// high-priority books submitted faster than the worker does them for 80 s, past the
+/// timeout. The normal deliveries age past 10 s and go ahead of the flood: the normal
+/// book advances during the flood, the broker closes no channel, no segment is returned
+/// or failed, and the book is done. Without ageing the normal deliveries waited behind
+/// the flood until the broker closed the channel (tried with `--max-hold 100000`: after
+/// 60 s, "delivery acknowledgement on channel 3 timed out", and the worker loop ended
+/// with that error); every delivery it held goes back as a return (the tenth fails a
+/// segment as `returned`).
+#[test]
+fn a_high_priority_flood_never_holds_normal_deliveries_past_the_consumer_timeout() {
+    let rabbit = PrivateRabbit::start_with_consumer_timeout(5688, Duration::from_secs(60));
+    let mut w = World::on(Services {
+        rabbit_node: Some(rabbit.node.clone()),
+        amqp_port: rabbit.port,
+        ..Services::shared()
+    });
+    let high_args = ["--format", "wav", "--priority", "5"];
+    let mut n = 0;
+    let mut submit_high = |w: &World| {
+        n += 1;
+        let book = w.book(&format!("high{n}.md"), &book_text(1, 30, None));
+        w.submit(&book, &high_args)
+    };
+    // The flood is under way when the worker starts: the normal deliveries it takes
+    // wait behind it from the first batch.
+    submit_high(&w);
+    submit_high(&w);
+    let normal = w.submit(
+        &w.book("normal.md", &book_text(1, 40, None)),
+        &["--format", "wav"],
+    );
+    let worker = w.worker(
+        "flood",
+        &[
+            "--engine",
+            "null",
+            "--max-batch",
+            "1",
+            "--prefetch",
+            "8",
+            "--max-hold",
+            "10",
+        ],
+        &[("NARRATOR_TEST_RUN_MS", "100")],
+    );
+    let high_lane = narrator_broker::lane_queue(VOICE, 1);
+    let flood = Duration::from_secs(80);
+    let start = Instant::now();
+    let mut low_water = u32::MAX;
+    while start.elapsed() < flood {
+        let ready = w.queue_ready(&high_lane);
+        if start.elapsed() > Duration::from_secs(5) {
+            low_water = low_water.min(ready);
+        }
+        // About 6 s of work ahead (10 segments a second): a 30-segment book whenever
+        // fewer than 60 wait.
+        if ready < 60 {
+            submit_high(&w);
+        }
+        assert!(
+            w.workers[worker].try_wait().expect("worker").is_none(),
+            "the worker exited: {}",
+            w.worker_log("flood")
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let normal_during_flood = w.done_count(normal);
+    let high_left = w.queue_ready(&high_lane);
+    eprintln!(
+        "flood of {n} high-priority books for {} s: {normal_during_flood} normal segments \
+         done meanwhile; high lane ready: at least {low_water} after the first 5 s, \
+         {high_left} at the end",
+        flood.as_secs()
+    );
+    assert!(
+        high_left > 0,
+        "the flood must last past the consumer timeout"
+    );
+    assert!(
+        normal_during_flood >= 8,
+        "the normal lane starved behind the flood: {normal_during_flood} segments done\n{}",
+        w.logs()
+    );
+    let (returns, failed): (i64, i64) =
+        w.rt.block_on(
+            sqlx::query_as(
+                "SELECT coalesce(sum(returns), 0)::int8, \
+                   count(*) FILTER (WHERE state = 'failed') FROM segments",
+            )
+            .fetch_one(&w.pool),
+        )
+        .expect("returns");
+    let log = w.worker_log("flood");
+    assert!(
+        !log.contains("timed out") && !log.contains("PRECONDITION_FAILED"),
+        "the broker closed a channel for a late acknowledgement: {log}"
+    );
+    assert_eq!((returns, failed), (0, 0), "returned or failed segments");
+    w.wait_state(normal, JobState::Done, Duration::from_secs(90));
+    check_job(&w, normal, false);
 }

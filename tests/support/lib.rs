@@ -948,16 +948,29 @@ pub struct PrivateRabbit {
 impl PrivateRabbit {
     /// Starts a node listening on `port` (distribution on `port + 20000`).
     pub fn start(port: u16) -> Self {
-        Self::start_with(port, None)
+        Self::start_with(port, None, None)
+    }
+
+    /// A node whose `consumer_timeout` is `timeout` (RabbitMQ's default is 30 minutes):
+    /// a channel holding a delivery unacknowledged for longer is closed by the broker and
+    /// its deliveries go back to their queues. The channels check it every 5 s (their
+    /// tick, `channel_tick_interval`, is 60 s by default), so it fires within 5 s of
+    /// `timeout` rather than within a minute.
+    pub fn start_with_consumer_timeout(port: u16, timeout: Duration) -> Self {
+        Self::start_with(port, None, Some(timeout))
     }
 
     /// A node listening on `port` for AMQP and on `tls_port` for AMQPS with the
     /// [`tls::TestPki`] server certificate (no client certificates asked).
     pub fn start_tls(port: u16, tls_port: u16, pki: &tls::TestPki) -> Self {
-        Self::start_with(port, Some((tls_port, pki)))
+        Self::start_with(port, Some((tls_port, pki)), None)
     }
 
-    fn start_with(port: u16, tls: Option<(u16, &tls::TestPki)>) -> Self {
+    fn start_with(
+        port: u16,
+        tls: Option<(u16, &tls::TestPki)>,
+        consumer_timeout: Option<Duration>,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("rabbit dir");
         std::fs::write(dir.path().join("enabled_plugins"), "[].\n").expect("plugins");
         let mut conf = String::new();
@@ -971,6 +984,14 @@ impl PrivateRabbit {
                 cert.display(),
                 key.display()
             );
+        }
+        if let Some(timeout) = consumer_timeout {
+            conf.push_str(&format!("consumer_timeout = {}\n", timeout.as_millis()));
+            std::fs::write(
+                dir.path().join("advanced.config"),
+                "[{rabbit, [{channel_tick_interval, 5000}]}].\n",
+            )
+            .expect("advanced.config");
         }
         std::fs::write(dir.path().join("rabbitmq.conf"), conf).expect("rabbitmq.conf");
         // Run as root, Debian's rabbitmq-server switches to the rabbitmq user.
@@ -1013,10 +1034,8 @@ impl PrivateRabbit {
             .env("RABBITMQ_PID_FILE", d.join("pid"))
             .env("RABBITMQ_ENABLED_PLUGINS_FILE", d.join("enabled_plugins"))
             .env("RABBITMQ_CONFIG_FILE", d.join("rabbitmq.conf"))
-            .env(
-                "RABBITMQ_ADVANCED_CONFIG_FILE",
-                d.join("none-advanced.config"),
-            )
+            // Written only for settings rabbitmq.conf has no key for.
+            .env("RABBITMQ_ADVANCED_CONFIG_FILE", d.join("advanced.config"))
             .stdin(Stdio::null())
     }
 

@@ -126,6 +126,9 @@ pub struct Consumer {
     held: std::sync::Mutex<std::collections::HashMap<(u8, u64), Held>>,
     /// How many are held, for whoever reports it (the heartbeat).
     held_count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// How many of them are of the high lane (the rest are of the normal lane): the
+    /// watchdog tells which lane's messages are missing.
+    held_high: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What taking one stream item did.
@@ -269,6 +272,7 @@ impl Consumer {
             postpone_budget: crate::POSTPONE_BUDGET,
             held: std::sync::Mutex::default(),
             held_count: std::sync::Arc::default(),
+            held_high: std::sync::Arc::default(),
         })
     }
 
@@ -312,6 +316,11 @@ impl Consumer {
         self.held_count.clone()
     }
 
+    /// Of [`Consumer::held_counter`], those of the high lane.
+    pub fn held_high_counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        self.held_high.clone()
+    }
+
     /// The prefetch this consumer keeps.
     pub fn prefetch(&self) -> u16 {
         self.prefetch
@@ -349,7 +358,7 @@ impl Consumer {
         let held: Vec<Held> = {
             let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
             let held = map.drain().map(|(_, h)| h).collect();
-            self.gauge_held(0);
+            self.gauge_held(&map);
             held
         };
         let mut returned = 0;
@@ -391,11 +400,14 @@ impl Consumer {
                 lane: tag.0,
             },
         );
-        self.gauge_held(map.len());
+        self.gauge_held(&map);
     }
 
-    fn gauge_held(&self, n: usize) {
+    fn gauge_held(&self, map: &std::collections::HashMap<(u8, u64), Held>) {
+        let n = map.len();
         self.held_count.store(n, Ordering::Relaxed);
+        let high = map.keys().filter(|k| k.0 > 0).count();
+        self.held_high.store(high, Ordering::Relaxed);
         metrics::gauge!(narrator_telemetry::metrics::IN_FLIGHT, "voice" => self.voice.clone())
             .set(n as f64);
     }
@@ -483,8 +495,9 @@ impl Consumer {
                 // The old channel's deliveries come again with new tags; those taken
                 // before the interruption are handed over, their acks fail on the old
                 // channel and the broker delivers them again.
-                self.held.lock().unwrap_or_else(|e| e.into_inner()).clear();
-                self.gauge_held(0);
+                let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+                held.clear();
+                self.gauge_held(&held);
                 return Ok(Took::Recovered);
             }
         };
@@ -560,7 +573,7 @@ impl Consumer {
         {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
             held.remove(&tag);
-            self.gauge_held(held.len());
+            self.gauge_held(&held);
         }
         count_decision(&self.voice, &action);
         let (op, sent) = match action {

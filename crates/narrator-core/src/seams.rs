@@ -174,7 +174,8 @@ pub trait StateStore: Send + Sync {
     ) -> impl Future<Output = Result<(), SeamError>> + Send;
     /// Records several finished segments of one job (after their audio is stored) and
     /// returns the indices this call recorded: a segment another copy recorded first
-    /// keeps that copy's record, and the caller's audio for it is not pointed at. The
+    /// keeps that copy's record, and the caller's audio for it is not pointed at (nor is
+    /// any of it when the store records nothing into a job that has ended). The
     /// default records each in turn and claims them all. A database does it in one
     /// statement.
     fn record_segments(

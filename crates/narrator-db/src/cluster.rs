@@ -274,7 +274,8 @@ pub async fn mark_in_engine(
         .map(|s| int4("segment index", s.1))
         .collect::<Result<Vec<i32>, DbError>>()?;
     sqlx::query(
-        "UPDATE segments s SET engine_by = CASE WHEN $4 THEN $3 END \
+        "UPDATE segments s SET engine_by = CASE WHEN $4 THEN $3 END, \
+           engine_at = CASE WHEN $4 THEN now() ELSE s.engine_at END \
          FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
          WHERE s.job_id = k.job_id AND s.idx = k.idx AND ($4 OR s.engine_by = $3)",
     )
@@ -324,24 +325,6 @@ impl Default for JobSettings {
             epub3: None,
         }
     }
-}
-
-/// Stores a job's settings (right after [`crate::create_job`], before publishing).
-pub async fn set_settings(
-    exec: impl PgExecutor<'_>,
-    job: Uuid,
-    settings: &JobSettings,
-) -> Result<(), DbError> {
-    let n = sqlx::query("UPDATE jobs SET settings = $2 WHERE id = $1")
-        .bind(job)
-        .bind(Json(settings))
-        .execute(exec)
-        .await?
-        .rows_affected();
-    if n == 0 {
-        return Err(DbError::JobNotFound(job));
-    }
-    Ok(())
 }
 
 /// The cluster id `narrator migrate` made for this database; every segment message
@@ -449,21 +432,6 @@ pub async fn job_route(exec: impl PgExecutor<'_>, job: Uuid) -> Result<(String, 
         .fetch_optional(exec)
         .await?
         .ok_or(DbError::JobNotFound(job))
-}
-
-/// Records the trace `narrator submit` started for `job`.
-pub async fn set_job_trace(
-    exec: impl PgExecutor<'_>,
-    job: Uuid,
-    trace: &narrator_core::TraceContext,
-) -> Result<(), DbError> {
-    sqlx::query("UPDATE jobs SET traceparent = $2, tracestate = $3 WHERE id = $1")
-        .bind(job)
-        .bind(&trace.traceparent)
-        .bind(&trace.tracestate)
-        .execute(exec)
-        .await?;
-    Ok(())
 }
 
 /// The trace `job` belongs to, if it was submitted with tracing on.
@@ -622,6 +590,9 @@ pub struct VoiceOutstanding {
     /// Deliveries of it that live workers hold unacknowledged, as their last heartbeats
     /// said (a worker past its own staleness is not counted: what it held comes back).
     pub held: u64,
+    /// Of `held`, by lane (normal, high). A worker that does not say counts all it
+    /// holds in both lanes (the rescue then judges fewer segments lost, never more).
+    pub held_by_lane: [u64; 2],
     /// The longest heartbeat interval among those workers: how stale `held` may be.
     pub slowest_heartbeat: Duration,
 }
@@ -636,15 +607,19 @@ pub async fn voice_outstanding(
     // Outstanding: the pending, published segments of the voice's unfinished jobs, from
     // their counters alone, so the look costs the same for any book and any backlog.
     // Workers write `stale_after_s` as 6 heartbeats.
-    let rows: Vec<(String, i64, i64, f64)> = sqlx::query_as(
+    let rows: Vec<(String, i64, i64, i64, i64, f64)> = sqlx::query_as(
         "SELECT v.voice, \
            (SELECT coalesce(sum(j.segments_total - j.segments_done - j.segments_failed \
                 - j.segments_unpublished), 0)::bigint \
              FROM jobs j WHERE j.voice = v.voice AND j.state IN ('queued', 'running')), \
-           coalesce(h.held, 0)::bigint, coalesce(h.stale, 0) / 6 \
+           coalesce(h.held, 0)::bigint, coalesce(h.normal, 0)::bigint, \
+           coalesce(h.high, 0)::bigint, coalesce(h.stale, 0) / 6 \
          FROM unnest($1::text[]) AS v(voice) \
          LEFT JOIN LATERAL ( \
-           SELECT sum((p->>'held')::bigint) AS held, max(coalesce(w.stale_after_s, $2)) AS stale \
+           SELECT sum((p->>'held')::bigint) AS held, \
+             sum(coalesce((p->'held_lanes'->>0)::bigint, (p->>'held')::bigint)) AS normal, \
+             sum(coalesce((p->'held_lanes'->>1)::bigint, (p->>'held')::bigint)) AS high, \
+             max(coalesce(w.stale_after_s, $2)) AS stale \
            FROM workers w CROSS JOIN LATERAL jsonb_array_elements( \
              CASE WHEN jsonb_typeof(w.plan) = 'array' THEN w.plan ELSE '[]' END) p \
            WHERE p->>'voice' = v.voice AND jsonb_typeof(p->'held') = 'number' \
@@ -656,19 +631,19 @@ pub async fn voice_outstanding(
     .fetch_all(exec)
     .await?;
     rows.into_iter()
-        .map(|(voice, outstanding, held, beat)| {
+        .map(|(voice, outstanding, held, normal, high, beat)| {
             Ok(VoiceOutstanding {
                 voice,
                 outstanding: unsigned("outstanding", outstanding)?,
                 held: unsigned("held", held)?,
+                held_by_lane: [unsigned("held", normal)?, unsigned("held", high)?],
                 slowest_heartbeat: Duration::try_from_secs_f64(beat).unwrap_or_default(),
             })
         })
         .collect()
 }
 
-/// A job the stuck-job watchdog rescued: its segments that are neither done nor failed,
-/// to be published again.
+/// Segments of one job the watchdog judged lost: to be published again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rescue {
     /// The job.
@@ -677,80 +652,166 @@ pub struct Rescue {
     pub voice: String,
     /// Its priority (the lane).
     pub priority: i32,
-    /// The segments to publish again.
+    /// The segments to publish again, in index order.
     pub segments: Vec<Segment>,
     /// Segments given up on because they were lost `max_rescues` times already.
     pub given_up: u32,
 }
 
-/// The stuck-job watchdog's claim: `queued`/`running` jobs of `voices` with segments
-/// left whose last progress (a segment recorded done or failed, or the submission) and
-/// last rescue are older than `lease`. Each is claimed by one caller for one lease; its
-/// pending segments that were published (its window; those never published wait for the
-/// dispatch, [`crate::claim_dispatch`]) are returned to be published again, except those already rescued
-/// `max_rescues` times, which are recorded failed (lost again and again: a message that
-/// kills every worker it reaches, dead-lettered by the broker without a record). With
-/// more such jobs than `limit`, those without progress for longest go first: a job
-/// behind a backlog has moved more recently than one whose message was lost.
-pub async fn rescue_stuck_jobs(
+/// What the watchdog knows when it looks for a voice's lost segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossLook {
+    /// Per lane (normal, high): the messages the broker has ready in the lane's queue
+    /// plus the deliveries of the lane live workers hold. In a lane's queue messages go
+    /// out first in, first out, so these are the lane's most recently published
+    /// segments; the older ones out were delivered (and are in an engine, waiting in a
+    /// retry tier, or lost).
+    pub accounted: [u64; 2],
+    /// Messages of the voice no one accounts for, confirmed on two looks: at most this
+    /// many segments are judged lost.
+    pub missing: u32,
+    /// Segments published more recently than this are not judged (the lease).
+    pub min_age: Duration,
+    /// A segment that entered an engine since its last publish, this recently, may be
+    /// waiting in a retry tier (a failed attempt): not judged lost.
+    pub retry_quiet: Duration,
+    /// Rows of workers that did not record their own staleness count as gone after this.
+    pub stale: Duration,
+}
+
+/// The stuck-job watchdog's rescue, aimed at the loss: of `voice`'s segments out
+/// (published, pending, of queued or running jobs), the lane's newest
+/// `look.accounted[lane]` are the messages that are ready or held. One of the others is
+/// lost (a message the broker dropped, or dead-lettered without a record) when the
+/// lane's front passed it (a segment of the lane published after it was delivered:
+/// recorded, or in an engine; or nothing of the lane is accounted for at all), it was
+/// published at least `look.min_age` ago, is in no live worker's engine and was not
+/// attempted within `look.retry_quiet`; oldest first, never-delivered ones before
+/// attempted ones, at most `look.missing`. A loss newer than messages still ready
+/// waits until those are delivered. Each is published again with one more rescue, except
+/// those already rescued `max_rescues` times, which are recorded failed (`lost`).
+/// A book waiting behind a backlog has its segments ready in the queue: it is never
+/// charged. Concurrent watchdogs rescue a segment once (the update re-checks its age).
+///
+/// It reads the pending segments of the voice's unfinished jobs: a cost paid once per
+/// confirmed loss, not per tick.
+pub async fn rescue_lost_segments(
     pool: &PgPool,
-    voices: &[String],
-    lease: Duration,
+    voice: &str,
+    look: LossLook,
     max_rescues: u32,
-    limit: u32,
 ) -> Result<Vec<Rescue>, DbError> {
+    if look.missing == 0 {
+        return Ok(Vec::new());
+    }
+    let accounted = [
+        i64::try_from(look.accounted[0]).unwrap_or(i64::MAX),
+        i64::try_from(look.accounted[1]).unwrap_or(i64::MAX),
+    ];
     let mut tx = pool.begin().await?;
-    let jobs: Vec<(Uuid, String, i32)> = sqlx::query_as(
-        "UPDATE jobs j SET rescued_at = now(), rescues = j.rescues + 1 \
-         WHERE j.id IN ( \
-           SELECT id FROM jobs WHERE state IN ('queued', 'running') \
-             AND segments_done < segments_total AND voice = ANY($1) \
-             AND greatest(created_at, progress_at, rescued_at) < now() - make_interval(secs => $2) \
-           ORDER BY greatest(created_at, progress_at, rescued_at) LIMIT $3 \
-           FOR UPDATE SKIP LOCKED) \
-         RETURNING j.id, j.voice, j.priority",
+    let lost: Vec<(Uuid, i32, i32)> = sqlx::query_as(
+        "WITH out AS ( \
+           SELECT s.job_id, s.idx, s.published_at, s.engine_at, s.engine_by, s.rescues, \
+             (j.priority > 0)::int AS lane, \
+             row_number() OVER (PARTITION BY j.priority > 0 \
+               ORDER BY s.published_at DESC, s.idx DESC, s.job_id) AS newer \
+           FROM jobs j JOIN segments s ON s.job_id = j.id \
+           WHERE j.voice = $1 AND j.state IN ('queued', 'running') \
+             AND s.state = 'pending' AND s.published_at IS NOT NULL), \
+         front AS ( \
+           SELECT DISTINCT ON (j.priority > 0) (j.priority > 0)::int AS lane, \
+             s.published_at AS at, s.idx AS at_idx \
+           FROM jobs j JOIN segments s ON s.job_id = j.id \
+           WHERE j.voice = $1 AND j.state IN ('queued', 'running') \
+             AND (s.state = 'done' OR s.engine_at >= s.published_at) \
+           ORDER BY j.priority > 0, s.published_at DESC, s.idx DESC) \
+         SELECT o.job_id, o.idx, o.rescues FROM out o LEFT JOIN front f ON f.lane = o.lane \
+         WHERE o.newer > ($2::int8[])[o.lane + 1] \
+           AND (($2::int8[])[o.lane + 1] = 0 OR (o.published_at, o.idx) < (f.at, f.at_idx)) \
+           AND o.published_at < now() - make_interval(secs => $3) \
+           AND NOT (o.engine_at IS NOT NULL AND o.engine_at >= o.published_at \
+             AND o.engine_at > now() - make_interval(secs => $4)) \
+           AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.instance = o.engine_by \
+             AND w.last_seen > now() - make_interval(secs => coalesce(w.stale_after_s, $5))) \
+         ORDER BY (o.engine_at IS NOT NULL AND o.engine_at >= o.published_at), \
+           o.published_at, o.job_id, o.idx \
+         LIMIT $6",
     )
-    .bind(voices)
-    .bind(secs(lease))
-    .bind(i64::from(limit))
+    .bind(voice)
+    .bind(&accounted[..])
+    .bind(secs(look.min_age))
+    .bind(secs(look.retry_quiet))
+    .bind(secs(look.stale))
+    .bind(i64::from(look.missing))
     .fetch_all(&mut *tx)
     .await?;
-    let mut out = Vec::with_capacity(jobs.len());
-    for (job, voice, priority) in jobs {
-        let given_up = sqlx::query(
-            "UPDATE segments SET state = 'failed', failure_kind = 'lost', \
-               failure_reason = format('lost %s times (dead-lettered by the broker or never \
-                 delivered; workers may have died on it each time)', rescues) \
-             WHERE job_id = $1 AND state = 'pending' AND published_at IS NOT NULL \
-               AND rescues >= $2",
-        )
-        .bind(job)
-        .bind(i32::try_from(max_rescues).unwrap_or(i32::MAX))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        let rows = sqlx::query(
-            "UPDATE segments SET rescues = rescues + 1, published_at = now() \
-             WHERE job_id = $1 AND state = 'pending' AND published_at IS NOT NULL \
-             RETURNING idx, chapter, text, pause_after, speaker",
-        )
-        .bind(job)
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut segments = rows
-            .iter()
-            .map(segment_row)
-            .collect::<Result<Vec<_>, DbError>>()?;
+    let max_rescues = i32::try_from(max_rescues).unwrap_or(i32::MAX);
+    let (jobs, idx): (Vec<Uuid>, Vec<i32>) = lost.iter().map(|l| (l.0, l.1)).unzip();
+    // Given up: lost again and again (a message that kills every worker it reaches,
+    // dead-lettered by the broker without a record). The age is checked again under the
+    // row's lock: a watchdog that rescued it meanwhile made it young.
+    let given_up: Vec<(Uuid,)> = sqlx::query_as(
+        "UPDATE segments s SET state = 'failed', failure_kind = 'lost', engine_by = NULL, \
+           failure_reason = format('lost %s times (dead-lettered by the broker or never \
+             delivered; workers may have died on it each time)', s.rescues) \
+         FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
+         WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.state = 'pending' \
+           AND s.published_at < now() - make_interval(secs => $3) AND s.rescues >= $4 \
+         RETURNING s.job_id",
+    )
+    .bind(&jobs)
+    .bind(&idx)
+    .bind(secs(look.min_age))
+    .bind(max_rescues)
+    .fetch_all(&mut *tx)
+    .await?;
+    let rows = sqlx::query(
+        "UPDATE segments s SET rescues = s.rescues + 1, published_at = statement_timestamp() \
+         FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
+         WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.state = 'pending' \
+           AND s.published_at < now() - make_interval(secs => $3) AND s.rescues < $4 \
+         RETURNING s.job_id, s.idx, s.chapter, s.text, s.pause_after, s.speaker",
+    )
+    .bind(&jobs)
+    .bind(&idx)
+    .bind(secs(look.min_age))
+    .bind(max_rescues)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut by_job: std::collections::BTreeMap<Uuid, (Vec<Segment>, u32)> = Default::default();
+    for r in &rows {
+        by_job
+            .entry(r.try_get("job_id")?)
+            .or_default()
+            .0
+            .push(segment_row(r)?);
+    }
+    for (job,) in given_up {
+        by_job.entry(job).or_default().1 += 1;
+    }
+    let ids: Vec<Uuid> = by_job.keys().copied().collect();
+    // The jobs' own record of rescues (status shows them), and their lanes.
+    let routes: Vec<(Uuid, String, i32)> = sqlx::query_as(
+        "UPDATE jobs SET rescued_at = now(), rescues = rescues + 1 WHERE id = ANY($1) \
+         RETURNING id, voice, priority",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let mut out = Vec::with_capacity(routes.len());
+    for (job, voice, priority) in routes {
+        let (mut segments, given_up) = by_job.remove(&job).unwrap_or_default();
         segments.sort_by_key(|s| s.index);
         out.push(Rescue {
             job,
             voice,
             priority,
             segments,
-            given_up: u32::try_from(given_up).unwrap_or(u32::MAX),
+            given_up,
         });
     }
-    tx.commit().await?;
+    out.sort_by_key(|r| r.job);
     Ok(out)
 }
 
@@ -809,6 +870,9 @@ pub enum RetryOutcome {
     Retried(Vec<Segment>),
     /// Only failed jobs can be retried; it is in this state.
     NotFailed(JobState),
+    /// `narrator jobs prune` has claimed it ([`crate::claim_prune`]): its audio may be
+    /// deleted already, so it cannot be retried (it is about to leave the database).
+    Pruning,
 }
 
 /// Puts a failed job back to work: its failed segments become pending and unpublished
@@ -817,14 +881,21 @@ pub enum RetryOutcome {
 /// was done). The caller
 /// dispatches them ([`crate::claim_dispatch`], a window at a time); should it die first,
 /// the reconciler does. A job whose segments are all done goes back to `running`, and a
-/// worker's sweep assembles it.
+/// worker's sweep assembles it. A job claimed for pruning is refused
+/// ([`RetryOutcome::Pruning`]); the row lock orders a retry and a claim, so a job is
+/// either retried before the prune claims it (and the prune leaves it) or not at all.
 pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError> {
     let mut tx = pool.begin().await?;
-    let row = sqlx::query("SELECT state FROM jobs WHERE id = $1 FOR UPDATE")
-        .bind(job)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(DbError::JobNotFound(job))?;
+    let row = sqlx::query(
+        "SELECT state, pruning_at IS NOT NULL AS pruning FROM jobs WHERE id = $1 FOR UPDATE",
+    )
+    .bind(job)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(DbError::JobNotFound(job))?;
+    if row.try_get::<bool, _>("pruning")? {
+        return Ok(RetryOutcome::Pruning);
+    }
     let state = JobState::parse(&row.try_get::<String, _>("state")?)?;
     if state != JobState::Failed {
         return Ok(RetryOutcome::NotFailed(state));

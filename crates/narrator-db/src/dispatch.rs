@@ -10,8 +10,9 @@
 //! keeps the whole fleet busy, and many books each get a slice of at least
 //! [`MIN_DISPATCH_WINDOW`].
 //!
-//! A claim is one transaction: [`claim_dispatch`] locks the job's next unpublished
-//! segments (`FOR UPDATE SKIP LOCKED`, so concurrent claimers take different ones), the
+//! A claim is one transaction: [`claim_dispatch`] takes the job's claim lock (claims of
+//! one job run one after the other, so a window holds however many workers top it up)
+//! and locks its next unpublished segments (`FOR UPDATE SKIP LOCKED`), the
 //! caller publishes them with confirms and marks them published
 //! ([`crate::mark_published`]) before it commits. A claimer that dies before it commits
 //! leaves them unpublished for the next claim; one that dies after publishing and before
@@ -142,9 +143,11 @@ impl ClaimLimits {
 }
 
 /// Locks the next unpublished segments of `job` from index `limits.from` on that fit its
-/// window (the window less the segments published and not finished), skipping those
-/// another claim holds. `None` when the job is not queued or running. Call it in a
-/// transaction, publish what it returns, mark it published, then commit.
+/// window (the window less the segments published and not finished). Another claim of
+/// the same job in progress is waited for (its transaction's end), so the room read
+/// counts what it published. `None` when the job is not queued or running. Call it in a
+/// transaction, publish what it returns, mark it published, then commit (a transaction
+/// that claims one job and then another must take them in one order everywhere).
 ///
 /// `from` lets a caller that knows where the published part of the book ends start
 /// there: the outbox index keeps an entry for every segment published since the last
@@ -156,6 +159,15 @@ pub async fn claim_dispatch(
     job: Uuid,
     limits: ClaimLimits,
 ) -> Result<Option<Claimed>, DbError> {
+    // One claim of a job at a time: the room is read after the lock, so it counts what
+    // the claim before this one published (committed by then). Without it, concurrent
+    // claims each read the same room and take that many different segments: a window
+    // held workers × room. An advisory lock rather than the job's row, which recordings
+    // update: they never wait for a claim's publishing. Released with the transaction.
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(dispatch_lock_key(job))
+        .execute(&mut *conn)
+        .await?;
     let Some(row) = sqlx::query(
         "SELECT voice, priority, traceparent, tracestate, segments_unpublished::bigint AS left, \
            greatest($2 - (segments_total - segments_done - segments_failed \
@@ -206,6 +218,13 @@ pub async fn claim_dispatch(
         trace,
         segments,
     }))
+}
+
+/// The advisory lock key of `job`'s claims: its id's first 64 bits (a collision of two
+/// jobs only serializes their claims).
+fn dispatch_lock_key(job: Uuid) -> i64 {
+    let b = job.as_u64_pair().0;
+    i64::from_ne_bytes(b.to_ne_bytes())
 }
 
 /// Jobs of `voices` queued or running with segments still unpublished, submitted at

@@ -6,13 +6,14 @@
 //! it reports whether it changed anything, and an unknown job is an error.
 
 use chrono::{DateTime, Utc};
-use narrator_core::{ChapterPlan, JobPlan, PauseAfter};
+use narrator_core::{ChapterPlan, JobPlan, PauseAfter, TraceContext};
 use serde::Serialize;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
+use crate::cluster::JobSettings;
 use crate::error::{DbError, int4, unsigned};
 
 /// Where a job is in its life.
@@ -93,14 +94,29 @@ pub(crate) fn parse_pause(s: &str) -> Result<PauseAfter, DbError> {
     })
 }
 
-/// Records a submission: the job row and every segment (unpublished, pending) in one
-/// transaction, the segments in one bulk `INSERT … SELECT FROM UNNEST(…)`. Returns the new
-/// job id (a fresh one per submission, even for the same book).
+/// Records a submission with the default [`JobSettings`] and no trace, as
+/// [`create_job_with`].
 pub async fn create_job(
     pool: &PgPool,
     plan: &JobPlan,
     format: &str,
     priority: i32,
+) -> Result<Uuid, DbError> {
+    create_job_with(pool, plan, format, priority, &JobSettings::default(), None).await
+}
+
+/// Records a submission: the job row, with its settings and the trace it was submitted
+/// in, and every segment (unpublished, pending) in one transaction, the segments in one
+/// bulk `INSERT … SELECT FROM UNNEST(…)`. A submitter that dies at any point leaves either
+/// nothing or the whole job as it asked (the reconciler publishes it with its settings).
+/// Returns the new job id (a fresh one per submission, even for the same book).
+pub async fn create_job_with(
+    pool: &PgPool,
+    plan: &JobPlan,
+    format: &str,
+    priority: i32,
+    settings: &JobSettings,
+    trace: Option<&TraceContext>,
 ) -> Result<Uuid, DbError> {
     let id = Uuid::new_v4();
     let n = plan.segments.len();
@@ -125,8 +141,9 @@ pub async fn create_job(
     let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO jobs (id, content_id, title, source, voice, format, priority, \
-         segments_total, chapters, warnings, metadata, cover, cover_type, lexicon) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+         segments_total, chapters, warnings, metadata, cover, cover_type, lexicon, settings, \
+         traceparent, tracestate) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
     )
     .bind(id)
     .bind(&plan.job_id)
@@ -142,6 +159,9 @@ pub async fn create_job(
     .bind(plan.meta.cover.as_ref().map(|c| c.data.as_slice()))
     .bind(plan.meta.cover.as_ref().map(|c| c.mime.as_str()))
     .bind(plan.lexicon.as_deref())
+    .bind(Json(settings))
+    .bind(trace.map(|t| t.traceparent.as_str()))
+    .bind(trace.and_then(|t| t.tracestate.as_deref()))
     .execute(&mut *tx)
     .await
     .map_err(|e| DbError::on_job(id, e))?;

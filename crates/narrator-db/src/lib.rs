@@ -28,13 +28,12 @@ mod workers;
 pub use bench::{BenchRow, StoredBench, bench_table_exists, fleet_bench, record_bench};
 pub use calibrations::{StoredCalibration, list_calibrations, put_calibration};
 pub use cluster::{
-    DeliveryHistory, DeliveryKey, JobSettings, Output, Rescue, RetryOutcome, SegmentCheck,
-    StoredJob, VoiceGauges, VoiceOutstanding, abandoned_jobs, assembly_attempts,
+    DeliveryHistory, DeliveryKey, JobSettings, LossLook, Output, Rescue, RetryOutcome,
+    SegmentCheck, StoredJob, VoiceGauges, VoiceOutstanding, abandoned_jobs, assembly_attempts,
     cancelled_unreleased, check_deliveries, check_segment, check_segments, claim_assembly_for,
     cluster_id, fail_settled_jobs, finish_with_outputs, job_outputs, job_route, job_trace,
-    job_voice, load_job, mark_in_engine, postpone_assembly, rescue_stuck_jobs, retry_job,
-    set_job_trace, set_settings, storage_released, take_over_assemblies, voice_gauges,
-    voice_outstanding,
+    job_voice, load_job, mark_in_engine, postpone_assembly, rescue_lost_segments, retry_job,
+    storage_released, take_over_assemblies, voice_gauges, voice_outstanding,
 };
 pub use dispatch::{
     ClaimLimits, Claimed, FleetShare, MIN_DISPATCH_WINDOW, claim_dispatch, dispatch_candidates,
@@ -43,9 +42,9 @@ pub use dispatch::{
 pub use error::DbError;
 pub use jobs::{
     ChapterProgress, JobState, JobStatus, JobSummary, cancel_job, claim_assembly, create_job,
-    fail_job, finish_job, job_state, job_status, list_jobs,
+    create_job_with, fail_job, finish_job, job_state, job_status, list_jobs,
 };
-pub use prune::{PrunableJob, delete_ended_job, prunable_jobs};
+pub use prune::{PrunableJob, claim_prune, delete_ended_job, prunable_jobs};
 pub use segments::{
     RecordOutcome, RecordsOutcome, fail_segment, finished_segments, mark_published, record_segment,
     record_segments,

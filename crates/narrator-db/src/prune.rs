@@ -62,14 +62,35 @@ pub async fn prunable_jobs(
     .collect()
 }
 
-/// Deletes an ended job's rows (its segments and resources go with it). `false`: no such
-/// job, or it has not ended (a retried job is running again): nothing deleted.
+/// Claims an ended job for pruning, before its objects are deleted: marks it
+/// (`pruning_at`) in the statement that checks it has ended, so [`crate::retry_job`], which
+/// locks the same row, either ran first (the job is running again: `false`, prune nothing
+/// of it) or refuses it from now on ([`crate::RetryOutcome::Pruning`]). Claiming a claimed
+/// job again is `true` (a prune that died after its claim is finished by the next).
+/// `false`: no such job, or it has not ended.
+pub async fn claim_prune(exec: impl PgExecutor<'_>, job: Uuid) -> Result<bool, DbError> {
+    let n = sqlx::query(
+        "UPDATE jobs SET pruning_at = coalesce(pruning_at, now()) \
+         WHERE id = $1 AND state IN ('done', 'failed', 'cancelled')",
+    )
+    .bind(job)
+    .execute(exec)
+    .await?
+    .rows_affected();
+    Ok(n > 0)
+}
+
+/// Deletes the rows (its segments and resources go with it) of an ended job claimed with
+/// [`claim_prune`], whose objects are deleted. `false`: no such job, or it has not ended or
+/// was not claimed: nothing deleted.
 pub async fn delete_ended_job(exec: impl PgExecutor<'_>, job: Uuid) -> Result<bool, DbError> {
-    let n =
-        sqlx::query("DELETE FROM jobs WHERE id = $1 AND state IN ('done', 'failed', 'cancelled')")
-            .bind(job)
-            .execute(exec)
-            .await?
-            .rows_affected();
+    let n = sqlx::query(
+        "DELETE FROM jobs WHERE id = $1 AND state IN ('done', 'failed', 'cancelled') \
+         AND pruning_at IS NOT NULL",
+    )
+    .bind(job)
+    .execute(exec)
+    .await?
+    .rows_affected();
     Ok(n > 0)
 }

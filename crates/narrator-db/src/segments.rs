@@ -2,9 +2,9 @@
 //! records back, and the outbox (which segments the broker has confirmed).
 //!
 //! [`record_segment`] is one statement: a data-modifying CTE updates the segment only if
-//! it is not done yet and, only when it did, adds it to the job's counters. Under
-//! concurrent redelivery the second caller waits on the segment's row lock, re-checks
-//! `state <> 'done'` against the committed row, and changes nothing.
+//! it is not done yet and its job has not ended and, only when it did, adds it to the
+//! job's counters. Under concurrent redelivery the second caller waits on the segment's
+//! row lock, re-checks `state <> 'done'` against the committed row, and changes nothing.
 
 use narrator_core::SegmentRecord;
 use sqlx::postgres::PgRow;
@@ -30,16 +30,21 @@ pub struct RecordsOutcome {
     /// How many this call marked done (the others already were; they did not change).
     pub newly_done: u64,
     /// Their indices, ascending: the records that now point at this caller's audio. A
-    /// caller whose stored object none of them points at deletes it (another copy won).
+    /// caller whose stored object none of them points at deletes it (another copy won, or
+    /// the job has ended).
     pub recorded: Vec<u32>,
     /// Every segment of the job is done (also when nothing changed), as in
-    /// [`RecordOutcome::job_complete`].
+    /// [`RecordOutcome::job_complete`]; `false` once the job has ended.
     pub job_complete: bool,
+    /// The job has ended (cancelled, failed or done): nothing was recorded and its
+    /// counters did not move (`recorded` is empty), whatever the segments' states.
+    pub job_ended: bool,
 }
 
 /// Records a finished segment's figures. Idempotent: a second record of the same segment
 /// changes nothing and returns `newly_done: false`. The first record of a job moves it
-/// from `queued` to `running`.
+/// from `queued` to `running`. Nothing is recorded into a job that has ended, as
+/// [`record_segments`].
 pub async fn record_segment(
     pool: &PgPool,
     job: Uuid,
@@ -61,7 +66,12 @@ const DEADLOCK: &str = "40P01";
 /// by their sum, so a batch costs one round
 /// trip and one lock of the job's row instead of one per segment. Idempotent per segment,
 /// as [`record_segment`]. A segment index the job does not have is refused, and nothing
-/// is recorded.
+/// is recorded. Nothing is recorded into a job that has ended (cancelled, failed or done:
+/// [`RecordsOutcome::job_ended`]): after a cancel a batch may still store its audio,
+/// even after the job's storage was released, and no record may point at it (its caller
+/// deletes what it stored). The state is the one the statement starts with: a cancel
+/// committed while it runs does not stop it, and what it records was stored before the
+/// job's storage is released (a lease after the cancel), which deletes it.
 pub async fn record_segments(
     pool: &PgPool,
     job: Uuid,
@@ -132,6 +142,8 @@ pub async fn record_segments(
                  pack_key, pack_offset, pack_len, words)), \
              known AS (SELECT count(*) AS n FROM input i \
                JOIN segments k ON k.job_id = i.job_id AND k.idx = i.idx), \
+             ended AS (SELECT state IN ('cancelled', 'failed', 'done') AS yes \
+               FROM jobs WHERE id = $1), \
              seg AS ( \
                UPDATE segments s SET state = 'done', samples = i.samples, \
                  sample_rate = i.sample_rate, audio_seconds = i.audio_seconds, \
@@ -142,6 +154,7 @@ pub async fn record_segments(
                  words = i.words::jsonb, done_at = now(), failure_kind = NULL, failure_reason = NULL, engine_by = NULL \
                FROM input i WHERE s.job_id = i.job_id AND s.idx = i.idx \
                  AND s.state <> 'done' AND (SELECT n FROM known) = cardinality($2) \
+                 AND NOT coalesce((SELECT yes FROM ended), false) \
                RETURNING s.idx, s.chapter, s.audio_seconds, s.inference_seconds), \
              agg AS (SELECT count(*) AS n, coalesce(sum(audio_seconds), 0) AS audio, \
                coalesce(max(inference_seconds), 0) AS inference, \
@@ -170,7 +183,7 @@ pub async fn record_segments(
                (SELECT coalesce(array_agg(idx ORDER BY idx), '{}') FROM seg) AS recorded, \
                (SELECT complete FROM job) AS complete_now, \
                (SELECT segments_done = segments_total FROM jobs WHERE id = $1) AS complete_before, \
-               (SELECT n FROM known) AS known",
+               (SELECT n FROM known) AS known, (SELECT yes FROM ended) AS ended",
         )
         .bind(job)
         .bind(&idx)
@@ -214,10 +227,12 @@ pub async fn record_segments(
     let recorded: Vec<i32> = row.try_get("recorded")?;
     let complete_now: Option<bool> = row.try_get("complete_now")?;
     let complete_before: Option<bool> = row.try_get("complete_before")?;
+    let job_ended = row.try_get::<Option<bool>, _>("ended")?.unwrap_or(false);
     Ok(RecordsOutcome {
         newly_done: newly.max(0) as u64,
         recorded: recorded.into_iter().map(|i| i.max(0) as u32).collect(),
-        job_complete: complete_now.or(complete_before).unwrap_or(false),
+        job_complete: !job_ended && complete_now.or(complete_before).unwrap_or(false),
+        job_ended,
     })
 }
 
@@ -302,6 +317,8 @@ pub async fn finished_segments(
 }
 
 /// Marks segments as confirmed by the broker; returns how many were unpublished before.
+/// The time is the statement's (after the publish), not the transaction's start: the
+/// watchdog orders a lane's messages by it (and by index within one statement).
 pub async fn mark_published(
     exec: impl PgExecutor<'_>,
     job: Uuid,
@@ -315,7 +332,7 @@ pub async fn mark_published(
     // the whole job).
     Ok(sqlx::query(
         "WITH k AS MATERIALIZED (SELECT $1::uuid AS job_id, unnest($2::int4[]) AS idx) \
-         UPDATE segments s SET published_at = now() FROM k \
+         UPDATE segments s SET published_at = statement_timestamp() FROM k \
          WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.published_at IS NULL",
     )
     .bind(job)

@@ -481,14 +481,6 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
         plan(2, 5).segments[2],
         "comes back whole"
     );
-    // Another claimer meanwhile skips the locked ones.
-    let mut b = pool.begin().await.expect("tx");
-    let second = claim_dispatch(&mut b, job, ClaimLimits::fill(4))
-        .await
-        .expect("claim")
-        .expect("running");
-    assert_eq!(indices(&second), [4, 5, 6, 7]);
-    b.rollback().await.expect("rollback"); // failed before publishing
     mark_published(&mut *a, job, &[0, 1, 2, 3])
         .await
         .expect("mark");
@@ -554,6 +546,58 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
         .await
         .expect("scan");
     assert!(due.is_empty());
+}
+
+/// Claims of one job made at the same time by many workers, each committing what it
+/// published: the job never has more published and unfinished than its window (each
+/// claim reads the room once the one before it has committed). Without the claim lock,
+/// each of the eight reads a room of 16 before any commits and takes 16 different
+/// segments: 128 out against a window of 16.
+#[tokio::test]
+async fn concurrent_claims_that_all_commit_keep_the_window() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let job = create_job(&pool, &plan(2, 100), "wav", 0)
+        .await
+        .expect("create");
+    let window = 16;
+    let claimers: Vec<_> = (0..8)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await.expect("tx");
+                let claimed = claim_dispatch(&mut tx, job, ClaimLimits::fill(window))
+                    .await
+                    .expect("claim")
+                    .expect("running");
+                // Publishing takes a while; the others claim meanwhile.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let idx = indices(&claimed);
+                mark_published(&mut *tx, job, &idx).await.expect("mark");
+                tx.commit().await.expect("commit");
+                idx.len()
+            })
+        })
+        .collect();
+    let mut taken = 0;
+    for c in claimers {
+        taken += c.await.expect("claimer");
+    }
+    let out: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM segments WHERE job_id = $1 AND published_at IS NOT NULL \
+         AND state = 'pending'",
+    )
+    .bind(job)
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(taken, 16, "the claims together took one window");
+    assert_eq!(
+        out,
+        i64::from(window),
+        "published and unfinished: the window"
+    );
+    assert_counters_agree(&pool, job, "concurrent claims").await;
 }
 
 /// A voice's window is cut from its running jobs and its live workers' prefetch.
@@ -784,7 +828,7 @@ async fn cancel_and_fail_end_a_job_once() {
             .expect("fail after cancel")
     );
     assert_eq!(counters(&pool, a).await.0, JobState::Cancelled);
-    // A late record of a cancelled job's segment is kept but does not revive it.
+    // A late record of a cancelled job's segment records nothing and does not revive it.
     record_segment(&pool, a, &rec(0, "w"))
         .await
         .expect("record");
@@ -829,6 +873,133 @@ async fn cancel_and_fail_end_a_job_once() {
         Err(DbError::JobNotFound(j)) if j == nobody
     ));
     assert!(job_status(&pool, nobody).await.expect("status").is_none());
+}
+
+#[tokio::test]
+async fn recording_into_an_ended_job_changes_nothing_and_says_so() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let job = create_job(&pool, &plan(1, 3), "wav", 0)
+        .await
+        .expect("create");
+    let out = record_segments(&pool, job, &[packed(0, "pack-a", 0)])
+        .await
+        .expect("record");
+    assert_eq!((out.recorded, out.job_ended), (vec![0], false));
+    assert!(cancel_job(&pool, job).await.expect("cancel"));
+    // A batch that stored its pack after the cancel (even after the storage was released)
+    // records none of it: no record points at the pack, so its caller deletes it.
+    let late = [packed(1, "pack-b", 0), packed(2, "pack-b", 44_144)];
+    let out = record_segments(&pool, job, &late).await.expect("late");
+    assert_eq!(out.newly_done, 0);
+    assert!(out.recorded.is_empty(), "{:?}", out.recorded);
+    assert!(out.job_ended);
+    assert!(!out.job_complete);
+    assert_eq!(counters(&pool, job).await, (JobState::Cancelled, 1, 1.0));
+    let done = finished_segments(&pool, job).await.expect("finished");
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        done[0].packed.as_ref().map(|p| p.key.as_str()),
+        Some("pack-a")
+    );
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM segments WHERE job_id = $1 AND state = 'pending' \
+         AND pack_key IS NULL",
+    )
+    .bind(job)
+    .fetch_one(&pool)
+    .await
+    .expect("pending");
+    assert_eq!(pending, 2, "the late segments are untouched");
+    // One at a time, and into a failed job, the same.
+    assert!(
+        !record_segment(&pool, job, &rec(1, "w"))
+            .await
+            .expect("one")
+            .newly_done
+    );
+    let failed = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    assert!(fail_job(&pool, failed, "x", "y").await.expect("fail"));
+    let out = record_segments(&pool, failed, &[rec(0, "w"), rec(1, "w")])
+        .await
+        .expect("into failed");
+    assert!(out.job_ended && out.recorded.is_empty() && out.newly_done == 0);
+    assert_eq!(counters(&pool, failed).await, (JobState::Failed, 0, 0.0));
+}
+
+#[tokio::test]
+async fn a_job_is_created_with_its_settings_and_trace_in_one_call() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    use narrator_db::{JobSettings, create_job_with, job_trace, load_job};
+    let settings = JobSettings {
+        sentence_pause_ms: 300,
+        paragraph_pause_ms: 700,
+        chapter_pause_ms: 2000,
+        chapter_files: true,
+        subtitles: vec!["srt".into(), "vtt".into()],
+        speed: Some(1.5),
+        epub3: Some("word".into()),
+    };
+    let trace = narrator_core::TraceContext {
+        traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+        tracestate: Some("vendor=1".into()),
+    };
+    let job = create_job_with(&pool, &plan(1, 2), "mp3", 3, &settings, Some(&trace))
+        .await
+        .expect("create");
+    // Right after creation, with no other call: what a reconciler publishing it now reads.
+    assert_eq!(load_job(&pool, job).await.expect("load").settings, settings);
+    assert_eq!(job_trace(&pool, job).await.expect("trace"), Some(trace));
+    // Without them: the defaults, no trace.
+    let plain = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    let stored = load_job(&pool, plain).await.expect("load");
+    assert_eq!(stored.settings, JobSettings::default());
+    assert_eq!(job_trace(&pool, plain).await.expect("trace"), None);
+}
+
+#[tokio::test]
+async fn a_job_claimed_for_pruning_cannot_be_retried() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    use narrator_db::{RetryOutcome, claim_prune, delete_ended_job, retry_job};
+    let job = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    record_segment(&pool, job, &packed(0, "pack-a", 0))
+        .await
+        .expect("record");
+    assert!(fail_job(&pool, job, "x", "y").await.expect("fail"));
+    // Rows go only after a claim (and the objects' deletion it comes before).
+    assert!(!delete_ended_job(&pool, job).await.expect("unclaimed"));
+    assert!(claim_prune(&pool, job).await.expect("claim"));
+    assert!(claim_prune(&pool, job).await.expect("claim again"));
+    // The prune deletes the job's objects now; a retry in between is refused, and the
+    // job stays as it was (failed, its done segment pointing at the pack being deleted).
+    assert_eq!(
+        retry_job(&pool, job).await.expect("retry"),
+        RetryOutcome::Pruning
+    );
+    assert_eq!(counters(&pool, job).await, (JobState::Failed, 1, 1.0));
+    assert!(delete_ended_job(&pool, job).await.expect("delete"));
+    assert!(job_status(&pool, job).await.expect("status").is_none());
+
+    // A job retried before the claim is running again: not claimed, not deleted.
+    let other = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    assert!(fail_job(&pool, other, "x", "y").await.expect("fail"));
+    assert!(matches!(
+        retry_job(&pool, other).await.expect("retry"),
+        RetryOutcome::Retried(_)
+    ));
+    assert!(!claim_prune(&pool, other).await.expect("claim"));
+    assert!(!delete_ended_job(&pool, other).await.expect("delete"));
+    assert_eq!(counters(&pool, other).await.0, JobState::Queued);
 }
 
 #[tokio::test]
@@ -1173,12 +1344,43 @@ async fn a_postponed_assembly_waits_for_its_time_then_is_claimed_again() {
     assert_eq!(swept, [job]);
 }
 
+/// A look at the voice: `missing` messages no one accounts for, `ready` per lane.
+fn look(missing: u32, accounted: [u64; 2]) -> narrator_db::LossLook {
+    narrator_db::LossLook {
+        accounted,
+        missing,
+        min_age: Duration::from_secs(60),
+        retry_quiet: Duration::from_secs(360),
+        stale: Duration::from_secs(30),
+    }
+}
+
+/// Moves every segment's publish and engine times, and the jobs' times, back by `secs`.
+async fn age_by(pool: &PgPool, secs: f64) {
+    sqlx::query(
+        "UPDATE segments SET published_at = published_at - make_interval(secs => $1), \
+           engine_at = engine_at - make_interval(secs => $1), \
+           done_at = done_at - make_interval(secs => $1)",
+    )
+    .bind(secs)
+    .execute(pool)
+    .await
+    .expect("age segments");
+    sqlx::query(
+        "UPDATE jobs SET created_at = created_at - make_interval(secs => $1), \
+           progress_at = progress_at - make_interval(secs => $1)",
+    )
+    .bind(secs)
+    .execute(pool)
+    .await
+    .expect("age jobs");
+}
+
 #[tokio::test]
-async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given_up() {
+async fn a_lost_segment_is_rescued_once_per_lease_then_given_up() {
     let db = TestDb::new().await;
     let pool = db.pool.clone();
-    let voices = vec!["en_US-joe-medium".to_string()];
-    let lease = Duration::from_secs(60);
+    let voice = "en_US-joe-medium";
     let job = create_job(&pool, &plan(1, 4), "wav", 0)
         .await
         .expect("create");
@@ -1189,54 +1391,55 @@ async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given
     record_segment(&pool, job, &rec(1, "w"))
         .await
         .expect("record");
-    // Fresh progress: not stuck.
-    let r = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+    // Published too recently to judge, though nothing accounts for it.
+    let r = narrator_db::rescue_lost_segments(&pool, voice, look(2, [0, 0]), 2)
         .await
         .expect("scan");
     assert!(r.is_empty());
-    let age = |pool: PgPool| async move {
-        sqlx::query(
-            "UPDATE jobs SET created_at = now() - interval '1 hour', \
-             progress_at = now() - interval '1 hour', \
-             rescued_at = CASE WHEN rescued_at IS NULL THEN NULL ELSE now() - interval '1 hour' END",
-        )
-        .execute(&pool)
-        .await
-        .expect("age");
-    };
-    age(pool.clone()).await;
-    // Another voice's jobs are not this worker's to rescue.
-    let other = narrator_db::rescue_stuck_jobs(&pool, &["x".to_string()], lease, 2, 10)
+    age_by(&pool, 3600.0).await;
+    // Another voice's loss is not this job's.
+    let other = narrator_db::rescue_lost_segments(&pool, "x", look(2, [0, 0]), 2)
         .await
         .expect("scan");
     assert!(other.is_empty());
-    let r = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+    // Both out are accounted for (ready or held): nothing is lost.
+    let none = narrator_db::rescue_lost_segments(&pool, voice, look(2, [2, 0]), 2)
+        .await
+        .expect("scan");
+    assert!(none.is_empty());
+    // One of the two accounted for: the older one (first in, first out) is the lost one.
+    let r = narrator_db::rescue_lost_segments(&pool, voice, look(2, [1, 0]), 2)
         .await
         .expect("scan");
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].job, job);
     let idx: Vec<u32> = r[0].segments.iter().map(|s| s.index).collect();
-    assert_eq!(
-        idx,
-        [0, 2],
-        "the published pending segments: not the done one, not the unpublished one"
-    );
-    // Claimed for a lease: a second scan (another worker) finds nothing.
-    let again = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+    assert_eq!(idx, [0], "the older published pending segment");
+    // Rescued: young again, so a second watchdog (another worker) finds nothing.
+    let again = narrator_db::rescue_lost_segments(&pool, voice, look(2, [0, 0]), 2)
         .await
         .expect("scan");
-    assert!(again.is_empty());
-    // Lost again and again: after 2 rescues the segments are given up, with a reason.
-    age(pool.clone()).await;
-    let second = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+    let idx: Vec<u32> = again
+        .iter()
+        .flat_map(|r| r.segments.iter().map(|s| s.index))
+        .collect();
+    assert_eq!(idx, [2], "only the one not rescued a moment ago");
+    // Lost again and again: after 2 rescues a segment is given up, with a reason.
+    age_by(&pool, 3600.0).await;
+    let second = narrator_db::rescue_lost_segments(&pool, voice, look(1, [0, 0]), 2)
         .await
         .expect("scan");
-    assert_eq!((second[0].segments.len(), second[0].given_up), (2, 0));
-    age(pool.clone()).await;
-    let third = narrator_db::rescue_stuck_jobs(&pool, &voices, lease, 2, 10)
+    assert_eq!((second[0].segments.len(), second[0].given_up), (1, 0));
+    age_by(&pool, 3600.0).await;
+    let third = narrator_db::rescue_lost_segments(&pool, voice, look(2, [0, 0]), 2)
         .await
         .expect("scan");
-    assert_eq!((third[0].segments.len(), third[0].given_up), (0, 2));
+    assert_eq!((third[0].segments.len(), third[0].given_up), (1, 1));
+    age_by(&pool, 3600.0).await;
+    let fourth = narrator_db::rescue_lost_segments(&pool, voice, look(2, [0, 0]), 2)
+        .await
+        .expect("scan");
+    assert_eq!((fourth[0].segments.len(), fourth[0].given_up), (0, 1));
     record_segment(&pool, job, &rec(3, "w"))
         .await
         .expect("record");
@@ -1251,6 +1454,98 @@ async fn a_job_without_progress_for_a_lease_is_rescued_once_per_lease_then_given
             .contains("lost 2 times"),
         "{:?}",
         st.summary.failure_reason
+    );
+}
+
+/// Item 1 of issue 42: a book waiting behind a backlog is never charged a rescue. The
+/// waiting book was submitted long ago and has recorded nothing for an hour: its window
+/// is ready in the queue, published after the front of the lane. The other book made
+/// progress a moment ago (its later segments were delivered and recorded) but lost a
+/// segment published before them. Rescued again and again, the waiting book keeps every
+/// segment (no rescue, no failure) and the lost one is found each time. Judged by the
+/// jobs that stalled longest (the old rescue), the waiting book took every rescue: its
+/// whole window published again, then failed `lost`.
+#[tokio::test]
+async fn a_rescue_finds_the_lost_segment_and_never_charges_a_waiting_book() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let voice = "en_US-joe-medium";
+    let busy = create_job(&pool, &plan(1, 8), "wav", 0)
+        .await
+        .expect("create");
+    // The busy book's first four go out; then the waiting book's window behind them.
+    mark_published(&pool, busy, &[0, 1, 2, 3])
+        .await
+        .expect("published");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let waiting = create_job(&pool, &plan(1, 8), "wav", 0)
+        .await
+        .expect("create");
+    mark_published(&pool, waiting, &[0, 1, 2, 3, 4, 5, 6, 7])
+        .await
+        .expect("published");
+    sqlx::query(
+        "UPDATE jobs SET created_at = now() - interval '2 hours', progress_at = NULL \
+         WHERE id = $1",
+    )
+    .bind(waiting)
+    .execute(&pool)
+    .await
+    .expect("old");
+    age_by(&pool, 600.0).await;
+    // The busy book's 1, 2 and 3 were delivered and recorded: its segment 0, published
+    // before them in the same lane, is lost. The waiting book's 8 are ready.
+    for i in 1..4 {
+        record_segment(&pool, busy, &rec(i, "w"))
+            .await
+            .expect("record");
+    }
+    let rescued = |r: Vec<narrator_db::Rescue>| -> Vec<(narrator_db::Uuid, Vec<u32>)> {
+        r.iter()
+            .map(|r| (r.job, r.segments.iter().map(|s| s.index).collect()))
+            .collect()
+    };
+    let r = narrator_db::rescue_lost_segments(&pool, voice, look(1, [8, 0]), 3)
+        .await
+        .expect("rescue");
+    assert_eq!(rescued(r), [(busy, vec![0])], "the lost one");
+    // The copy is lost too, and the watchdog looks again and again while the waiting
+    // book's window is still ready: the copy is now behind it in the queue, so nothing
+    // can be judged lost yet, and the waiting book is left alone.
+    for round in 0..4 {
+        age_by(&pool, 600.0).await;
+        let r = narrator_db::rescue_lost_segments(&pool, voice, look(1, [8, 0]), 3)
+            .await
+            .expect("rescue");
+        assert_eq!(
+            rescued(r),
+            [],
+            "round {round}: nothing can be judged lost yet"
+        );
+    }
+    // The waiting book's window is delivered and recorded: the copy's loss shows.
+    for i in 0..8 {
+        record_segment(&pool, waiting, &rec(i, "w"))
+            .await
+            .expect("record");
+    }
+    age_by(&pool, 600.0).await;
+    let r = narrator_db::rescue_lost_segments(&pool, voice, look(1, [0, 0]), 3)
+        .await
+        .expect("rescue");
+    assert_eq!(rescued(r), [(busy, vec![0])], "the lost copy");
+    let (rescues, failed): (i64, i64) = sqlx::query_as(
+        "SELECT coalesce(sum(rescues), 0)::bigint, count(*) FILTER (WHERE state = 'failed') \
+         FROM segments WHERE job_id = $1",
+    )
+    .bind(waiting)
+    .fetch_one(&pool)
+    .await
+    .expect("waiting book");
+    assert_eq!(
+        (rescues, failed),
+        (0, 0),
+        "the waiting book was never charged"
     );
 }
 

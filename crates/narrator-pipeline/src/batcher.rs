@@ -181,10 +181,22 @@ impl<T> Batcher<T> {
         if let Some((_, k, n)) = full {
             return Some(self.take(&[(k, n)]));
         }
-        let (home, oldest) = self.oldest()?;
+        let (_, oldest) = self.oldest()?;
         if !(flush || now.saturating_duration_since(oldest.at) >= budget.max_wait) {
             return None;
         }
+        self.oldest_batch(budget)
+    }
+
+    /// When the oldest segment started waiting (`None` when empty).
+    pub fn oldest_at(&self) -> Option<Instant> {
+        self.oldest().map(|(_, e)| e.at)
+    }
+
+    /// A batch around the oldest segment, now: its bucket, topped up from the nearest
+    /// lengths (`None` when empty).
+    pub fn oldest_batch(&mut self, budget: &Budget) -> Option<Vec<T>> {
+        let (home, _) = self.oldest()?;
         let (n, mut tally) = self.fill(home, Tally::default(), budget);
         let mut plan = vec![(home, n)];
         // Nearest lengths first: neighbours below and above, alternating by distance.
@@ -245,23 +257,54 @@ impl<T> Batcher<T> {
     }
 }
 
+/// Default for the longest a segment waits in a [`LaneBatcher`] before it goes ahead of
+/// the higher lanes ([`LaneBatcher::with_max_hold`]): well under RabbitMQ's
+/// `consumer_timeout` (30 minutes by default), past which the broker closes the channel
+/// and every delivery it holds goes back to the queue (a return, counted against the
+/// segment).
+pub const MAX_HOLD: Duration = Duration::from_secs(300);
+
 /// A [`Batcher`] per priority lane: a segment of a higher lane leaves in the next batch,
 /// without waiting for a fuller one, ahead of everything of the lanes below.
+///
+/// Ageing: a segment that has waited `max_hold` or longer goes first, whatever its lane
+/// (the longest-waiting first, in a batch of its lane built around it), so a flood of a
+/// higher lane delays the lanes below by at most `max_hold`.
 #[derive(Debug)]
 pub struct LaneBatcher<T> {
     /// Highest lane first.
     lanes: Vec<Batcher<T>>,
     /// Segments that run in a batch of their own, first come first.
     alone: VecDeque<T>,
+    /// Past this wait a segment goes ahead of younger ones of higher lanes.
+    max_hold: Duration,
 }
 
 impl<T> LaneBatcher<T> {
-    /// Batchers for lanes `0..lanes`.
+    /// Batchers for lanes `0..lanes`, ageing after [`MAX_HOLD`].
     pub fn new(lanes: u8) -> Self {
         Self {
             lanes: (0..lanes.max(1)).map(|_| Batcher::new()).collect(),
             alone: VecDeque::new(),
+            max_hold: MAX_HOLD,
         }
+    }
+
+    /// Ages segments after `max_hold` instead of [`MAX_HOLD`].
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    /// The lane whose oldest segment has waited longest, once that is `max_hold` or more.
+    fn aged(&self, now: Instant) -> Option<usize> {
+        self.lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.oldest_at().map(|at| (i, at)))
+            .filter(|(_, at)| now.saturating_duration_since(*at) >= self.max_hold)
+            .min_by_key(|(i, at)| (*at, *i))
+            .map(|(i, _)| i)
     }
 
     /// A segment that runs in a batch of its own, before anything else (it was in the
@@ -286,11 +329,16 @@ impl<T> LaneBatcher<T> {
         self.alone.is_empty() && self.lanes.iter().all(Batcher::is_empty)
     }
 
-    /// The next batch: from the highest lane that has segments; a lane above the lowest
-    /// leaves at once (flushed), the lowest waits as [`Batcher::next_batch`] decides.
+    /// The next batch: a segment that waited `max_hold` or more first (the longest
+    /// waiting, at once, with what of its lane fits around it); else from the highest
+    /// lane that has segments: a lane above the lowest leaves at once (flushed), the
+    /// lowest waits as [`Batcher::next_batch`] decides.
     pub fn next_batch(&mut self, budget: &Budget, now: Instant, flush: bool) -> Option<Vec<T>> {
         if let Some(item) = self.alone.pop_front() {
             return Some(vec![item]);
+        }
+        if let Some(i) = self.aged(now) {
+            return self.lanes[i].oldest_batch(budget);
         }
         let last = self.lanes.len() - 1;
         for (i, b) in self.lanes.iter_mut().enumerate() {
@@ -302,13 +350,23 @@ impl<T> LaneBatcher<T> {
         None
     }
 
-    /// When the next batch must leave (`None` when empty): now if a higher lane waits.
+    /// When the next batch must leave (`None` when empty): now if a higher lane waits,
+    /// else when the lowest lane's wait runs out or its oldest segment ages.
     pub fn deadline(&self, budget: &Budget) -> Option<Instant> {
         let last = self.lanes.len() - 1;
         if !self.alone.is_empty() || self.lanes[..last].iter().any(|b| !b.is_empty()) {
             return Some(Instant::now());
         }
-        self.lanes[last].deadline(budget)
+        let aged = self
+            .lanes
+            .iter()
+            .filter_map(Batcher::oldest_at)
+            .min()
+            .and_then(|at| at.checked_add(self.max_hold));
+        match (self.lanes[last].deadline(budget), aged) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// [`Batcher::drop_where`] in every lane.
@@ -354,6 +412,102 @@ mod tests {
         assert_eq!(lanes.next_batch(&b, t0, false), Some(vec![300]));
         assert_eq!(lanes.next_batch(&b, t0, false), Some(vec![301]));
         assert_eq!(lanes.next_batch(&b, t0, false), Some(vec![200]));
+    }
+
+    #[test]
+    fn an_aged_lower_lane_segment_goes_ahead_of_a_younger_higher_lane_flood() {
+        let hold = Duration::from_secs(60);
+        let b = budget(1000, 2, 10);
+        let mut lanes = LaneBatcher::new(2).with_max_hold(hold);
+        let t0 = Instant::now();
+        lanes.append(0, 0, 10, 1, t0);
+        lanes.append(0, 1, 10, 1, t0);
+        lanes.append(0, 2, 10, 1, t0 + Duration::from_secs(1));
+        // A flood of the high lane: always two waiting, each batch refilled.
+        let mut next = 100;
+        let mut served = Vec::new();
+        let mut at = t0;
+        while at <= t0 + hold + Duration::from_secs(1) {
+            while lanes.lanes[0].len() < 2 {
+                lanes.append(1, next, 10, 1, at);
+                next += 1;
+            }
+            served.push((at, lanes.next_batch(&b, at, false).expect("a batch")));
+            at += Duration::from_millis(500);
+        }
+        // Before the hold, only the flood; at the hold, the two oldest normal segments
+        // (their lane's batch built around them), then the flood again until the third
+        // ages a second later.
+        let normal: Vec<(Duration, Vec<i32>)> = served
+            .iter()
+            .filter(|(_, batch)| batch.iter().any(|i| *i < 100))
+            .map(|(at, batch)| (at.duration_since(t0), batch.clone()))
+            .collect();
+        assert_eq!(
+            normal,
+            [(hold, vec![0, 1]), (hold + Duration::from_secs(1), vec![2])]
+        );
+        assert!(served.iter().all(|(_, batch)| batch.len() <= 2));
+        // The flood went on around them, oldest first.
+        let high: Vec<i32> = served
+            .iter()
+            .flat_map(|(_, batch)| batch.iter().copied())
+            .filter(|i| *i >= 100)
+            .collect();
+        assert!(high.windows(2).all(|w| w[0] < w[1]), "{high:?}");
+        assert_eq!(high.len(), (served.len() - 2) * 2);
+    }
+
+    #[test]
+    fn without_age_the_higher_lane_goes_first_and_aged_segments_go_oldest_first() {
+        let hold = Duration::from_secs(300);
+        assert_eq!(MAX_HOLD, hold, "the default");
+        let b = budget(1000, 4, 10);
+        let mut lanes = LaneBatcher::new(2);
+        let t0 = Instant::now();
+        lanes.append(0, 0, 10, 1, t0);
+        lanes.append(1, 100, 10, 1, t0 + Duration::from_secs(1));
+        // Just under the hold: the high lane first, as without ageing.
+        let young = t0 + hold - Duration::from_millis(1);
+        assert_eq!(lanes.next_batch(&b, young, false), Some(vec![100]));
+        assert_eq!(lanes.next_batch(&b, young, false), Some(vec![0]));
+        // Both aged: the one held longest first, whatever its lane.
+        lanes.append(1, 101, 10, 1, t0 + Duration::from_secs(1));
+        lanes.append(0, 1, 10, 1, t0);
+        let old = t0 + hold + Duration::from_secs(5);
+        assert_eq!(lanes.next_batch(&b, old, false), Some(vec![1]));
+        assert_eq!(lanes.next_batch(&b, old, false), Some(vec![101]));
+        // Segments that run alone still go before aged ones.
+        lanes.append(0, 2, 10, 1, t0);
+        lanes.append_alone(300);
+        assert_eq!(lanes.next_batch(&b, old, false), Some(vec![300]));
+        assert_eq!(lanes.next_batch(&b, old, false), Some(vec![2]));
+        assert!(lanes.is_empty());
+    }
+
+    #[test]
+    fn the_deadline_includes_the_hold() {
+        // A lowest lane waiting longer than the hold for a fuller batch: it leaves at
+        // the hold.
+        let hold = Duration::from_secs(2);
+        let b = budget(1000, 4, 10_000);
+        let mut lanes = LaneBatcher::new(2).with_max_hold(hold);
+        let t0 = Instant::now();
+        lanes.append(0, 0, 10, 1, t0);
+        assert_eq!(lanes.deadline(&b), Some(t0 + hold));
+        assert_eq!(
+            lanes.next_batch(&b, t0 + hold - Duration::from_millis(1), false),
+            None
+        );
+        assert_eq!(lanes.next_batch(&b, t0 + hold, false), Some(vec![0]));
+        // A hold too large to add to an instant is no deadline of its own.
+        let mut lanes = LaneBatcher::new(2).with_max_hold(Duration::MAX);
+        lanes.append(0, 0, 10, 1, t0);
+        assert_eq!(lanes.deadline(&b), Some(t0 + Duration::from_secs(10)));
+        assert_eq!(
+            lanes.next_batch(&b, t0 + Duration::from_secs(10), false),
+            Some(vec![0])
+        );
     }
 
     fn budget(tokens: usize, requests: usize, wait_ms: u64) -> Budget {

@@ -227,8 +227,9 @@ async fn write_group<A: AudioStore, S: StateStore>(
         .await?;
     metrics::histogram!(m::RECORD_SECONDS).record(started.elapsed().as_secs_f64());
     // Objects this call stored that no record points at: every segment in them was
-    // recorded first by another copy (a duplicate delivery). Delete them; the records
-    // point at the winner's audio, so stored audio and figures always agree.
+    // recorded first by another copy (a duplicate delivery), or the job has ended (a
+    // cancel: its storage may be released already) and nothing was recorded. Delete them;
+    // the records point at the winner's audio, so stored audio and figures always agree.
     let mut unused: Vec<String> = Vec::new();
     for r in &records {
         if let Some(p) = &r.packed
@@ -244,7 +245,8 @@ async fn write_group<A: AudioStore, S: StateStore>(
         tracing::info!(
             job,
             objects = unused.len(),
-            "another copy was recorded first; deleting this copy's audio"
+            "no record points at this copy's audio (another copy was recorded first, \
+             or the job ended); deleting it"
         );
         if let Err(e) = stages.store.discard(job, &unused).await {
             // Left behind, it is removed with the job's other intermediates once done.

@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, info_span};
 
 use crate::PipelineError;
-use crate::batcher::LaneBatcher;
+use crate::batcher::{LaneBatcher, MAX_HOLD};
 use crate::flush::{Storer, ToStore};
 use crate::queue::InProcessQueue;
 use crate::synth::{Prepared, Synthesizer};
@@ -76,6 +76,11 @@ pub struct RunOptions {
     pub pack_max: usize,
     /// The voice, as a metric label (empty: none).
     pub voice: String,
+    /// A segment waiting for the device this long goes ahead of younger ones of higher
+    /// priority lanes ([`LaneBatcher::with_max_hold`]; default [`MAX_HOLD`]): a flood of
+    /// high-priority work delays the normal lane by at most this, well within the
+    /// broker's consumer timeout.
+    pub max_hold: std::time::Duration,
 }
 
 /// Default for [`RunOptions::pack_max`].
@@ -92,6 +97,7 @@ impl RunOptions {
             recheck_after: std::time::Duration::ZERO,
             pack_max: PACK_MAX,
             voice: String::new(),
+            max_hold: MAX_HOLD,
         }
     }
 }
@@ -538,7 +544,8 @@ where
     let mut stop = opts.stop.clone();
     let mut finished = Vec::new();
     let mut failure = None;
-    let mut batcher: LaneBatcher<Ready<Q::Ticket>> = LaneBatcher::new(LANES);
+    let mut batcher: LaneBatcher<Ready<Q::Ticket>> =
+        LaneBatcher::new(LANES).with_max_hold(opts.max_hold);
     let mut input_open = true;
     'outer: loop {
         if stop.as_ref().is_some_and(|s| *s.borrow()) {

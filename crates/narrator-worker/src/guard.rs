@@ -32,6 +32,9 @@ pub struct GuardedQueue {
     instance: Uuid,
     /// A worker row older than this is a process that is gone.
     stale: Duration,
+    /// Publishes a job's next segments when one of its segments fails for good (a
+    /// failure frees room in the job's window as a recording does), and the voice.
+    dispatcher: Option<(Arc<crate::dispatcher::Dispatcher>, String)>,
 }
 
 /// Worker processes that may die with a segment in their engine before it is given up
@@ -69,7 +72,20 @@ impl GuardedQueue {
             outages,
             instance,
             stale,
+            dispatcher: None,
         }
+    }
+
+    /// Tops a job's window up through `dispatcher` after its segments of `voice` fail for
+    /// good, as after recordings: a book whose segments all fail then ends at the pace
+    /// its failures are recorded, not one window per reconciler tick.
+    pub fn with_dispatcher(
+        mut self,
+        dispatcher: Arc<crate::dispatcher::Dispatcher>,
+        voice: String,
+    ) -> Self {
+        self.dispatcher = Some((dispatcher, voice));
+        self
     }
 
     /// Closes the consumer: deliveries prefetched but not started go back to the queue.
@@ -323,7 +339,7 @@ impl SegmentQueue for GuardedQueue {
         if let Decision::DeadLetter { reason: why } = &decision {
             let (job, index) = (ticket.job, ticket.index);
             let recorded = async {
-                narrator_db::fail_segment(
+                let changed = narrator_db::fail_segment(
                     &self.pool,
                     job,
                     index,
@@ -332,12 +348,21 @@ impl SegmentQueue for GuardedQueue {
                     why,
                 )
                 .await?;
-                narrator_db::fail_settled_jobs(&self.pool).await
+                let ended = narrator_db::fail_settled_jobs(&self.pool).await?;
+                Ok::<_, narrator_db::DbError>(changed && !ended.contains(&job))
             };
-            if let Err(e) = recorded.await {
-                // The stuck-job watchdog publishes it again once the job has made no
-                // progress for a lease; the dead letter keeps the reason meanwhile.
-                tracing::warn!(%job, index, error = %e, "cannot record a dead-lettered segment");
+            match recorded.await {
+                Ok(true) => {
+                    if let Some((dispatcher, voice)) = &self.dispatcher {
+                        dispatcher.nudge(job, voice, index);
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    // The stuck-job watchdog publishes it again once the job has made no
+                    // progress for a lease; the dead letter keeps the reason meanwhile.
+                    tracing::warn!(%job, index, error = %e, "cannot record a dead-lettered segment");
+                }
             }
         }
         if let Decision::Postpone { .. } = decision {

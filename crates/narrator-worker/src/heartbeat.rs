@@ -18,6 +18,8 @@ pub(crate) struct Report {
     pub(crate) synth: Arc<narrator_pipeline::Synthesizer>,
     /// Deliveries of this voice the worker holds unacknowledged.
     pub(crate) held: Arc<std::sync::atomic::AtomicUsize>,
+    /// Of those, the high lane's.
+    pub(crate) held_high: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What the worker says about itself at each heartbeat: the hardware profile, and per
@@ -75,7 +77,12 @@ impl Describe {
                     o.insert("voice".into(), r.voice.clone().into());
                     o.insert("engine".into(), r.engine.clone().into());
                     o.insert("prefetch".into(), r.prefetch.into());
-                    o.insert("held".into(), r.held.load(Ordering::Relaxed).into());
+                    let held = r.held.load(Ordering::Relaxed);
+                    let high = r.held_high.load(Ordering::Relaxed).min(held);
+                    o.insert("held".into(), held.into());
+                    // By lane (normal, high): the watchdog's rescue tells the lost from
+                    // the held within each lane.
+                    o.insert("held_lanes".into(), serde_json::json!([held - high, high]));
                     o.insert("device".into(), r.synth.pool().device().to_string().into());
                     o.insert("max_batch_tokens".into(), b.max_tokens.into());
                     o.insert("max_batch_requests".into(), b.max_requests.into());

@@ -110,6 +110,11 @@ pub struct WorkerConfig {
     pub health: Arc<Health>,
     /// Sample the gauges of `/metrics` (queue depths, jobs, GPUs) every 5 s.
     pub gauges: bool,
+    /// A delivery waiting for the device this long goes ahead of younger ones of the
+    /// high lane (default [`narrator_pipeline::batcher::MAX_HOLD`], 5 minutes): a
+    /// priority flood never holds normal-lane deliveries up to the broker's
+    /// `consumer_timeout`.
+    pub max_hold: Duration,
 }
 
 /// A worker's failure.
@@ -204,6 +209,7 @@ impl Worker {
             wedged_after,
             health,
             gauges,
+            max_hold,
         } = config;
         let wedge = liveness::Wedge::new(health.clone());
         health.set("broker", false, "connecting");
@@ -267,15 +273,19 @@ impl Worker {
                 base: v.plan,
                 synth: synth.clone(),
                 held: consumer.held_counter(),
+                held_high: consumer.held_high_counter(),
             });
-            let queue = Arc::new(guard::GuardedQueue::new(
-                consumer,
-                pool.clone(),
-                stop.clone(),
-                id.clone(),
-                outages.clone(),
-                (instance, every * 6),
-            ));
+            let queue = Arc::new(
+                guard::GuardedQueue::new(
+                    consumer,
+                    pool.clone(),
+                    stop.clone(),
+                    id.clone(),
+                    outages.clone(),
+                    (instance, every * 6),
+                )
+                .with_dispatcher(dispatcher.clone(), name.clone()),
+            );
             let stages = Stages {
                 synth,
                 store: Arc::new(store.clone()),
@@ -301,6 +311,7 @@ impl Worker {
                 recheck_after: Duration::from_secs(1),
                 pack_max,
                 voice: name.clone(),
+                max_hold,
             };
             loops.spawn(async move {
                 let result = work(queue.clone(), &stages, &opts).await;

@@ -8,11 +8,14 @@
 //!   everything waiting in the shared retry tiers). When fewer are accounted for than
 //!   are out, on two looks a few heartbeats apart, messages were lost (the broker
 //!   dead-lettering one after its delivery limit, a dead letter that could not be
-//!   recorded, a broker that lost its disk): the voice's jobs that made no progress for
-//!   a lease get their pending segments published again. A busy voice or another voice's
-//!   retries no longer hide a loss; a job waiting behind a backlog is accounted for and
-//!   left alone. A segment rescued [`MAX_RESCUES`] times is recorded failed, so a
-//!   message that kills every worker ends visibly instead of looping.
+//!   recorded, a broker that lost its disk), and the rescue is aimed at them: in each
+//!   lane messages leave first in, first out, so the lane's newest segments out, as many
+//!   as it has ready and held, are accounted for; the older ones that are in no live
+//!   engine and were not attempted lately (a retry tier) are the lost ones, published
+//!   again, at most one per missing message. A busy voice or another voice's retries
+//!   do not hide a loss; a job waiting behind a backlog has its segments ready and is
+//!   never charged a rescue. A segment rescued [`MAX_RESCUES`] times is recorded
+//!   failed, so a message that kills every worker ends visibly instead of looping.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -102,11 +105,12 @@ impl Reconciler {
     }
 
     /// Per voice of this worker: how many of its published, unfinished segments no
-    /// message accounts for (0 when all are, or when the broker did not answer). The
-    /// broker is read before the database: a segment finished in between is then counted
-    /// as held, never as missing.
-    /// With each, the longest heartbeat of the workers holding its deliveries.
-    async fn missing_by_voice(&self) -> BTreeMap<String, (u64, Duration)> {
+    /// message accounts for (0 when all are, or when the broker did not answer), the
+    /// longest heartbeat of the workers holding its deliveries, and per lane what the
+    /// broker has ready plus what live workers hold. The broker is read before the
+    /// database: a segment finished in between is then counted as held, never as
+    /// missing.
+    async fn missing_by_voice(&self) -> BTreeMap<String, Look> {
         let mut waiting = 0u64;
         for tier in RETRY_TIERS {
             match ready_messages(&self.channel, &retry_queue(tier)).await {
@@ -116,14 +120,14 @@ impl Reconciler {
         }
         let mut ready = BTreeMap::new();
         for voice in &self.voices {
-            let mut n = 0u64;
+            let mut lanes = [0u64; 2];
             for lane in 0..LANES {
                 match ready_messages(&self.channel, &lane_queue(voice, lane)).await {
-                    Some(r) => n += u64::from(r),
+                    Some(r) => lanes[usize::from(lane.min(1))] += u64::from(r),
                     None => return BTreeMap::new(),
                 }
             }
-            ready.insert(voice.clone(), n);
+            ready.insert(voice.clone(), lanes);
         }
         let counts = match narrator_db::voice_outstanding(
             &self.pool,
@@ -141,26 +145,32 @@ impl Reconciler {
         counts
             .into_iter()
             .map(|c| {
-                let accounted = ready.get(&c.voice).copied().unwrap_or(0) + c.held + waiting;
-                let missing = c.outstanding.saturating_sub(accounted);
-                (c.voice, (missing, c.slowest_heartbeat))
+                let lanes = ready.get(&c.voice).copied().unwrap_or([0, 0]);
+                let accounted = lanes[0] + lanes[1] + c.held + waiting;
+                let look = Look {
+                    missing: c.outstanding.saturating_sub(accounted),
+                    slowest: c.slowest_heartbeat,
+                    by_lane: [lanes[0] + c.held_by_lane[0], lanes[1] + c.held_by_lane[1]],
+                };
+                (c.voice, look)
             })
             .collect()
     }
 
     /// The voices with messages missing on looks at least two heartbeats apart (of the
-    /// slowest worker holding them, or this one's), and how many (the fewest seen). A
-    /// look that finds none in between does not clear the suspicion: a segment finished
-    /// between the broker's and the database's reading hides one loss for a look. Looks
-    /// that find none for two heartbeats do. A worker's held deliveries are reported up to
-    /// a heartbeat late, so a worker taking its first deliveries looks like a loss for
-    /// less than that, never on looks two heartbeats apart.
-    fn confirmed(&mut self, missing: BTreeMap<String, (u64, Duration)>) -> Vec<(String, u64)> {
+    /// slowest worker holding them, or this one's), how many (the fewest seen), and the
+    /// latest look's per-lane accounting. A look that finds none in between does not
+    /// clear the suspicion: a segment finished between the broker's and the database's
+    /// reading hides one loss for a look. Looks that find none for two heartbeats do. A
+    /// worker's held deliveries are reported up to a heartbeat late, so a worker taking
+    /// its first deliveries looks like a loss for less than that, never on looks two
+    /// heartbeats apart.
+    fn confirmed(&mut self, missing: BTreeMap<String, Look>) -> Vec<(String, u64, [u64; 2])> {
         let now = std::time::Instant::now();
         let mut out = Vec::new();
-        for (voice, (n, slowest)) in missing {
-            let settle = self.heartbeat.max(slowest) * 2;
-            if n == 0 {
+        for (voice, look) in missing {
+            let settle = self.heartbeat.max(look.slowest) * 2;
+            if look.missing == 0 {
                 if self
                     .suspected
                     .get(&voice)
@@ -173,12 +183,12 @@ impl Reconciler {
             let s = self.suspected.entry(voice.clone()).or_insert(Suspicion {
                 first: now,
                 last: now,
-                fewest: n,
+                fewest: look.missing,
             });
             s.last = now;
-            s.fewest = s.fewest.min(n);
+            s.fewest = s.fewest.min(look.missing);
             if s.last.duration_since(s.first) >= settle {
-                out.push((voice, s.fewest));
+                out.push((voice, s.fewest, look.by_lane));
             }
         }
         out
@@ -186,42 +196,44 @@ impl Reconciler {
 
     async fn watchdog(&mut self) {
         let missing = self.missing_by_voice().await;
-        for (voice, n) in self.confirmed(missing) {
-            self.rescue(&voice, n).await;
+        for (voice, n, by_lane) in self.confirmed(missing) {
+            self.rescue(&voice, n, by_lane).await;
         }
     }
 
-    /// Publishes again the pending segments of `voice`'s jobs without progress for a
-    /// lease, at most one job per missing message (each has at least one).
-    async fn rescue(&mut self, voice: &str, missing: u64) {
-        let limit = u32::try_from(missing.min(16)).unwrap_or(16);
-        let voices = [voice.to_string()];
-        let rescues = match narrator_db::rescue_stuck_jobs(
-            &self.pool,
-            &voices,
-            self.lease,
-            MAX_RESCUES,
-            limit,
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(error = %e, "watchdog cannot scan for stuck jobs");
-                return;
-            }
+    /// Publishes again the segments of `voice` judged lost: at most one per missing
+    /// message (16 a look), of those the lanes' ready and held messages do not account
+    /// for (see [`narrator_db::rescue_lost_segments`]).
+    async fn rescue(&mut self, voice: &str, missing: u64, accounted: [u64; 2]) {
+        let look = narrator_db::LossLook {
+            accounted,
+            missing: u32::try_from(missing.min(16)).unwrap_or(16),
+            min_age: self.lease,
+            retry_quiet: RETRY_TIERS[RETRY_TIERS.len() - 1] + self.lease,
+            stale: self.heartbeat * 6,
         };
+        let rescues =
+            match narrator_db::rescue_lost_segments(&self.pool, voice, look, MAX_RESCUES).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(error = %e, "watchdog cannot look for lost segments");
+                    return;
+                }
+            };
         if !rescues.is_empty() {
             // What was published again is accounted for from now on: look afresh.
             self.suspected.remove(voice);
         }
         for r in rescues {
             tracing::warn!(job = %r.job, segments = r.segments.len(), given_up = r.given_up,
-                lease_s = self.lease.as_secs(), "job made no progress for a lease; publishing its missing segments again");
+                lease_s = self.lease.as_secs(), "segments of the job were lost; publishing them again");
             if r.given_up > 0
                 && let Err(e) = narrator_db::fail_settled_jobs(&self.pool).await
             {
                 tracing::debug!(error = %e, "cannot end jobs with failed segments");
+            }
+            if r.segments.is_empty() {
+                continue;
             }
             let trace = narrator_db::job_trace(&self.pool, r.job)
                 .await
@@ -237,11 +249,20 @@ impl Reconciler {
             )
             .await;
             if let Err(e) = published {
-                // The job stays claimed for one lease; the next scan tries again.
+                // Marked published a moment ago: judged again once a lease old.
                 tracing::warn!(job = %r.job, error = %e, "watchdog publish failed; will try again");
             }
         }
     }
+}
+
+/// One look at a voice: messages missing, how late the holders' reports may be, and per
+/// lane (normal, high) the messages ready in its queue plus those held by live workers.
+#[derive(Debug, Clone, Copy)]
+pub struct Look {
+    missing: u64,
+    slowest: Duration,
+    by_lane: [u64; 2],
 }
 
 /// Runs the outbox reconciler and the watchdog until `stop`.

@@ -92,6 +92,7 @@ fn config(w: &World, synth: Synthesizer) -> WorkerConfig {
         wedged_after: Duration::from_secs(600),
         health: narrator_telemetry::serve::Health::new(),
         gauges: false,
+        max_hold: narrator_pipeline::batcher::MAX_HOLD,
     }
 }
 
@@ -404,12 +405,32 @@ fn a_lost_message_is_published_again_while_its_voice_is_busy() {
 
 /// Item 5 of the reliability issue: a wedged engine does not look healthy. One segment's
 /// batch hangs (the engine never returns, as a hung GPU would) while every loop keeps
-/// ticking; past `--wedged-after` (2 s here) the worker fails `/healthz`, its row says
-/// why, and it stops with that reason, its deliveries going back to the queue. A second
-/// worker then finishes the job.
+/// ticking; past `--wedged-after` the worker fails `/healthz`, its row says why, and it
+/// stops with that reason, its deliveries going back to the queue. A second worker then
+/// finishes the job.
+///
+/// Phonemizing shares `--wedged-after` as its limit (`liveness::limit`), so a slow first
+/// espeak-ng chunk on a busy machine could wedge the worker as *phonemizing* before the
+/// engine hangs. So the phonemizer is warmed before the worker starts, the limit (5 s) is
+/// far above what phonemizing one warm sentence takes, and the hang is unmistakable: the
+/// hook notes when the batch starts hanging, the worker must still be running then, and
+/// the deadlines are separate: start-up (messages taken, segments 0 to 2 done, the hanging
+/// batch reached) has its own, and the wedge-to-stop deadline counts from the hang.
 #[test]
 fn a_wedged_engine_fails_healthz_and_another_worker_finishes_its_work() {
-    static RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+    static RELEASE: AtomicBool = AtomicBool::new(false);
+    static HUNG_AT: OnceLock<Instant> = OnceLock::new();
+    const WEDGED_AFTER: Duration = Duration::from_secs(5);
+    // From the worker's start to the hanging batch: a minute, as a loaded machine needs.
+    const START_UP: Duration = Duration::from_secs(60);
+    // From the hang to the worker's stop: the limit, the watcher's 1 s tick, and the
+    // drain (the connection closed, the row written).
+    const HANG_TO_STOP: Duration = Duration::from_secs(5 + 25);
+    // The hook hangs past every deadline above, until the test lets go.
+    const HANG_AT_MOST: Duration = Duration::from_secs(120);
     let w = World::new();
     let book = w.book(
         "wedge.md",
@@ -425,38 +446,66 @@ fn a_wedged_engine_fails_healthz_and_another_worker_finishes_its_work() {
         budget,
         Arc::new(|s| {
             if s.text.contains("wedges the engine") {
-                // Hung until the test lets go (at most a minute).
-                let until = std::time::Instant::now() + Duration::from_secs(60);
-                while !RELEASE.load(std::sync::atomic::Ordering::Relaxed)
-                    && std::time::Instant::now() < until
-                {
+                let at = *HUNG_AT.get_or_init(Instant::now);
+                while !RELEASE.load(Ordering::Relaxed) && at.elapsed() < HANG_AT_MOST {
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
             None
         }),
     );
+    // espeak-ng loads its voice on the first chunk: done here, outside any limit.
+    hangs
+        .prepare(narrator_core::Segment {
+            index: 0,
+            chapter: 0,
+            text: "Warming up the phonemizer before the worker starts.".into(),
+            pause_after: narrator_core::PauseAfter::Sentence,
+            speaker: 0,
+            speed: None,
+            timed: false,
+        })
+        .expect("the phonemizer warms up");
     let mut first = config(&w, hangs);
-    first.wedged_after = Duration::from_secs(2);
+    first.wedged_after = WEDGED_AFTER;
     first.id = "wedged".into();
     let health = first.health.clone();
     let worker = w.rt.block_on(Worker::start(first)).expect("worker starts");
-    let stopped = w.rt.block_on(async {
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            worker.run_until(std::future::pending()),
-        )
-        .await
+    let (stopped, hang_to_stop) = w.rt.block_on(async {
+        let run = worker.run_until(std::future::pending());
+        tokio::pin!(run);
+        let hung = async {
+            loop {
+                if let Some(at) = HUNG_AT.get() {
+                    return *at;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let hung_at = tokio::select! {
+            r = &mut run => panic!(
+                "the worker stopped before the engine hung (phonemizing wedged?): {r:?}"
+            ),
+            at = tokio::time::timeout(START_UP, hung) => {
+                at.expect("the hanging segment reaches the engine within the start-up deadline")
+            }
+        };
+        let stopped = tokio::time::timeout_at((hung_at + HANG_TO_STOP).into(), &mut run)
+            .await
+            .expect("the wedged worker stops by itself within its deadline from the hang");
+        (stopped, hung_at.elapsed())
     });
-    let error = stopped
-        .expect("the wedged worker stops by itself")
-        .expect_err("it stops with an error");
+    let error = stopped.expect_err("it stops with an error");
     let text = error.to_string();
     assert!(
         matches!(error, narrator_worker::WorkerError::Wedged { .. }),
         "{text}"
     );
     assert!(text.contains("a batch has run for"), "{text}");
+    assert!(
+        hang_to_stop >= WEDGED_AFTER,
+        "stopped {hang_to_stop:?} after the hang, before the limit: {text}"
+    );
     let (alive, body) = health.healthy();
     assert!(!alive, "/healthz must fail: {body}");
     let plan: serde_json::Value =
@@ -470,7 +519,7 @@ fn a_wedged_engine_fails_healthz_and_another_worker_finishes_its_work() {
             .is_some_and(|r| r.contains("a batch has run for")),
         "the row says why: {plan}"
     );
-    RELEASE.store(true, std::sync::atomic::Ordering::Relaxed);
+    RELEASE.store(true, Ordering::Relaxed);
     run_until_ended(&w, panicking_synth("no sentence says this"), job)
         .expect("another worker finishes the job")
         .expect("the worker ran without error");
@@ -485,7 +534,7 @@ fn a_wedged_engine_fails_healthz_and_another_worker_finishes_its_work() {
 #[test]
 fn a_wedged_assembly_stops_its_worker_and_another_assembles_the_job() {
     let mut w = World::new();
-    let s3 = PrivateS3::start(9032);
+    let s3 = PrivateS3::start(narrator_test_support::prometheus::free_port());
     w.use_s3_endpoint(&s3.endpoint());
     let book = w.book("stuck.md", &book_text(1, 4, None));
     let job = w.submit(&book, &["--format", "wav"]);

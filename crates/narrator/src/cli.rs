@@ -435,6 +435,12 @@ pub(crate) struct WorkerArgs {
     /// non-zero so that its supervisor restarts it.
     #[arg(long, env = "NARRATOR_WEDGED_AFTER", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) wedged_after: u64,
+    /// Seconds a delivery may wait for the device before it goes ahead of younger
+    /// high-priority ones: a flood of `--priority` books delays the normal lane by at
+    /// most this, so no held delivery reaches RabbitMQ's `consumer_timeout` (30 min by
+    /// default; keep this well under it).
+    #[arg(long, env = "NARRATOR_MAX_HOLD", default_value_t = narrator_pipeline::batcher::MAX_HOLD.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_hold: u64,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address, e.g.
     /// `0.0.0.0:9464` (`:0` picks a free port and prints it). Off by default.
     #[arg(long, env = "NARRATOR_LISTEN")]

@@ -174,8 +174,9 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
 /// Jobs pruned per database round trip.
 const PRUNE_BATCH: u32 = 100;
 
-/// `narrator jobs prune`: per job, its objects first (so a failure leaves the job listed
-/// and a second run finishes it), then its rows.
+/// `narrator jobs prune`: per job, a claim in the database first (from then on `narrator
+/// retry` refuses it, so no retry revives a job whose audio is going), then its objects
+/// (so a failure leaves the job listed and a second run finishes it), then its rows.
 async fn prune(args: PruneArgs) -> anyhow::Result<()> {
     let pool = cluster::database(&args.services).await?;
     if args.dry_run {
@@ -212,6 +213,10 @@ async fn prune(args: PruneArgs) -> anyhow::Result<()> {
             break;
         }
         for j in batch {
+            // `false`: retried meanwhile (running again), so kept, objects and all.
+            if !narrator_db::claim_prune(&pool, j.job_id).await? {
+                continue;
+            }
             let id = j.job_id.to_string();
             let deleted = if args.delete_outputs {
                 store.delete_job(&id).await
@@ -226,7 +231,7 @@ async fn prune(args: PruneArgs) -> anyhow::Result<()> {
                 )
             })?;
             objects += n;
-            // `false`: retried meanwhile (running again), so kept.
+            // Claimed, so still ended: `false` only if another prune deleted it first.
             if narrator_db::delete_ended_job(&pool, j.job_id).await? {
                 segments += u64::from(j.segments_total);
                 pruned.push(j);
@@ -315,6 +320,10 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
         RetryOutcome::NotFailed(state) => bail!(
             "job {job} is {}, not failed: only failed jobs can be retried",
             state.as_str()
+        ),
+        RetryOutcome::Pruning => bail!(
+            "job {job} is being pruned (`narrator jobs prune` claimed it; its audio may be \
+             deleted already), so it cannot be retried: submit the book again"
         ),
     };
     let voice = narrator_db::job_voice(&pool, job).await?;

@@ -176,19 +176,20 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     for (n, (plan, span)) in plans.iter().enumerate() {
         let record = info_span!(parent: span, "record", otel.name = "INSERT jobs",
             db.system.name = "postgresql", db.operation.name = "INSERT", db.collection.name = "jobs");
-        let job = async {
-            let job =
-                narrator_db::create_job(&pool, plan, format.extension(), args.priority).await?;
-            narrator_db::set_settings(&pool, job, &settings).await?;
-            anyhow::Ok(job)
-        }
+        // The settings and the trace go in with the job (one transaction): a submitter
+        // that dies right after leaves no job without them.
+        let trace = narrator_telemetry::propagate::context_of(span);
+        let job = narrator_db::create_job_with(
+            &pool,
+            plan,
+            format.extension(),
+            args.priority,
+            &settings,
+            trace.as_ref(),
+        )
         .instrument(record)
         .await?;
         span.record("narrator.job_id", tracing::field::display(job));
-        let trace = narrator_telemetry::propagate::context_of(span);
-        if let Some(trace) = &trace {
-            narrator_db::set_job_trace(&pool, job, trace).await?;
-        }
         if std::env::var_os("NARRATOR_TEST_CRASH_AFTER_COMMIT").is_some() {
             // Fault injection for the outbox test: die like a killed producer would.
             std::process::abort();

@@ -243,6 +243,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         wedged_after: Duration::from_secs(args.wedged_after),
         health: health.clone(),
         gauges: args.listen.is_some(),
+        max_hold: Duration::from_secs(args.max_hold),
     };
     health.set("engines", true, format!("{} warm", devices.join(", ")));
     let worker = Worker::start(config).await?;
