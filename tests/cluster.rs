@@ -312,7 +312,7 @@ fn a_failing_segment_is_dead_lettered_alone_and_the_job_can_be_retried() {
     assert!(w.stop(faulty, 15).success());
     w.worker("healthy", &["--engine", "null"], &[]);
     let out = w.ok(&["retry", &job.to_string()]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("1 segments enqueued again"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 segments to redo, 1 enqueued now"));
     w.wait_state(job, JobState::Done, Duration::from_secs(60));
     assert_eq!(indices(&w.manifest(job)), (0..16).collect::<Vec<_>>());
     let err = w.err(&["retry", &job.to_string()]);

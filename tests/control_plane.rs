@@ -111,6 +111,7 @@ fn books_submitted_together_advance_together() {
                 narrator_db::FleetShare {
                     voice: VOICE.into(),
                     active_jobs,
+                    active_high: 0,
                     fleet_prefetch,
                 }
                 .window()

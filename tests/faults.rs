@@ -685,6 +685,80 @@ fn a_priority_book_behind_a_backlog_of_50_starts_at_once_on_every_worker() {
     check_job(&w, urgent, false);
 }
 
+/// Promise 8 with more workers than a backlog book's window feeds (issue 42, item 5): 4
+/// workers taking batches of 32, 20 backlog books, then a 1,000-segment priority book.
+/// The priority book's window is the voice's whole depth shared by the high lane's books
+/// alone, so once a worker has done its first priority batch, its next batches are the
+/// priority book's until fewer than 4 batches of it are left. Cut like a backlog book's
+/// (64, the floor, with 21 books running), the window fed two workers' batches and the
+/// other two went on with the backlog.
+#[test]
+fn a_priority_book_takes_every_workers_next_batches_until_it_is_done() {
+    let mut w = World::new();
+    let dir = w.tmp.path().join("backlog");
+    std::fs::create_dir_all(&dir).expect("folder");
+    for n in 1..=20 {
+        std::fs::write(dir.join(format!("book{n:02}.md")), book_text(1, 200, None)).expect("book");
+    }
+    let slow = [("NARRATOR_TEST_RUN_MS", "150")];
+    let args = ["--engine", "null", "--max-batch", "32", "--prefetch", "64"];
+    let ids = ["p1", "p2", "p3", "p4"];
+    for id in ids {
+        w.worker(id, &args, &slow);
+    }
+    let out = w.ok(&["submit", dir.to_str().expect("utf8"), "--format", "wav"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 20);
+    let done = |w: &World| -> i64 {
+        w.rt.block_on(
+            sqlx::query_scalar("SELECT count(*) FROM segments WHERE state = 'done'")
+                .fetch_one(&w.pool),
+        )
+        .expect("count")
+    };
+    eventually(Duration::from_secs(60), "the backlog under way", || {
+        done(&w) >= 256
+    });
+    let urgent = w.submit(
+        &w.book("urgent.md", &book_text(10, 100, None)),
+        &["--format", "wav", "--priority", "5"],
+    );
+    w.wait_state(urgent, JobState::Done, Duration::from_secs(120));
+    // Per worker: backlog segments it recorded after its first priority segment and
+    // before the priority book's last 4 batches (then some workers find its lane empty).
+    let rows: Vec<(String, i64, i64)> = w.rt.block_on(async {
+        sqlx::query_as(
+            "WITH tail AS (SELECT done_at FROM segments WHERE job_id = $1 \
+               ORDER BY done_at OFFSET 1000 - 4 * 32 LIMIT 1), \
+             firsts AS (SELECT worker, min(done_at) AS first, count(*) AS n FROM segments \
+               WHERE job_id = $1 GROUP BY worker) \
+             SELECT f.worker, f.n, (SELECT count(*) FROM segments s WHERE s.job_id <> $1 \
+               AND s.worker = f.worker AND s.done_at > f.first \
+               AND s.done_at < (SELECT done_at FROM tail)) \
+             FROM firsts f ORDER BY f.worker",
+        )
+        .bind(urgent)
+        .fetch_all(&w.pool)
+        .await
+        .expect("per worker")
+    });
+    eprintln!("per worker (id, priority segments, backlog segments meanwhile): {rows:?}");
+    let workers: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        workers, ids,
+        "every worker served the priority book: {rows:?}"
+    );
+    for (id, _, backlog) in &rows {
+        // A backlog batch already in the engine when the first priority batch started
+        // may finish after it: one batch.
+        assert!(
+            *backlog <= 32,
+            "worker {id} recorded {backlog} backlog segments while the priority book had \
+             batches left: {rows:?}"
+        );
+    }
+    check_job(&w, urgent, false);
+}
+
 /// Promise 7, a segment that kills its process: the worker dies each time this segment
 /// reaches its engine (a crash of the runtime), and a supervisor restarts it under the
 /// same id. Deliveries the dead process held are put back uncharged (the broker's count

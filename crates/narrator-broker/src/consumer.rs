@@ -226,9 +226,13 @@ fn without(headers: &FieldTable, name: &str) -> FieldTable {
 }
 
 impl Consumer {
-    /// Opens a channel, sets `basic_qos(prefetch)` and consumes every priority lane of
-    /// `voice` (declare them first with [`crate::declare`]), each with that prefetch.
-    /// Also opens a confirm-mode channel for retries and dead letters.
+    /// Opens a channel and consumes every priority lane of `voice` (declare them first
+    /// with [`crate::declare`]): the normal lane with `prefetch`, the high lane with twice
+    /// that, so a worker busy with a priority book holds its next batches while those in
+    /// flight are recorded and acknowledged (with the same prefetch, the batches in flight
+    /// held all of it and the worker went back to the normal lane meanwhile). After a
+    /// recovery both lanes have `prefetch` (the channel's last QoS is replayed). Also
+    /// opens a confirm-mode channel for retries and dead letters.
     pub async fn start(
         connection: &Connection,
         voice: &str,
@@ -238,14 +242,19 @@ impl Consumer {
             .create_channel()
             .await
             .map_err(|e| BrokerError::amqp("channel.open", e))?;
-        // Per-consumer QoS applies to consumers created after it: set it first.
-        channel
-            .basic_qos(prefetch, BasicQosOptions { global: false })
-            .await
-            .map_err(|e| BrokerError::amqp("basic.qos", e))?;
         let mut streams = Vec::new();
         let mut tags = Vec::new();
         for lane in (0..LANES).rev() {
+            // Per-consumer QoS applies to consumers created after it: set it first.
+            let lane_prefetch = if lane > 0 {
+                prefetch.saturating_mul(2)
+            } else {
+                prefetch
+            };
+            channel
+                .basic_qos(lane_prefetch, BasicQosOptions { global: false })
+                .await
+                .map_err(|e| BrokerError::amqp("basic.qos", e))?;
             let queue = lane_queue(voice, lane);
             let tag = consumer_tag(voice);
             let stream = channel

@@ -517,23 +517,28 @@ pub async fn load_job(pool: &PgPool, job: Uuid) -> Result<StoredJob, DbError> {
 }
 
 /// Puts a job whose assembly failed for the moment (the database or the store away, a
-/// full temp disk) back to wait: `running` with every segment done, unclaimed, retried
-/// by a worker's sweep after `after`. `false` if it was no longer assembling.
+/// full temp disk, a transient error) back to wait: `running` with every segment done,
+/// unclaimed, retried by a worker's sweep after `after`. `charged`: the failure counts
+/// as one of the job's assembly attempts (a transient error of the job's own; an outage
+/// or a wedged worker is not the job's, and does not). `false` if it was no longer
+/// assembling.
 pub async fn postpone_assembly(
     exec: impl PgExecutor<'_>,
     job: Uuid,
     error: &str,
     after: Duration,
+    charged: bool,
 ) -> Result<bool, DbError> {
     let n = sqlx::query(
         "UPDATE jobs SET state = 'running', assembler = NULL, assembler_instance = NULL, \
-           assembly_started_at = NULL, assembly_attempts = assembly_attempts + 1, \
+           assembly_started_at = NULL, assembly_attempts = assembly_attempts + $4::int, \
            assembly_error = $2, assembly_retry_at = now() + make_interval(secs => $3) \
          WHERE id = $1 AND state = 'assembling'",
     )
     .bind(job)
     .bind(error)
     .bind(secs(after))
+    .bind(i32::from(charged))
     .execute(exec)
     .await?
     .rows_affected();
@@ -910,6 +915,12 @@ pub async fn retry_job(pool: &PgPool, job: Uuid) -> Result<RetryOutcome, DbError
     .bind(job)
     .fetch_all(&mut *tx)
     .await?;
+    // The failed segments are unpublished again, below where the claims had reached:
+    // the dispatch front goes back to the first segment (no row: 0).
+    sqlx::query("DELETE FROM job_dispatch WHERE job_id = $1")
+        .bind(job)
+        .execute(&mut *tx)
+        .await?;
     sqlx::query(
         "UPDATE jobs SET state = CASE WHEN segments_done > 0 THEN 'running' ELSE 'queued' END, \
          finished_at = NULL, failure_kind = NULL, failure_reason = NULL, assembler = NULL, \
@@ -979,7 +990,10 @@ pub async fn abandoned_jobs(
 pub struct VoiceGauges {
     /// The voice.
     pub voice: String,
-    /// Jobs by state.
+    /// Jobs by state, every state (0 included): the unfinished states (queued, running,
+    /// assembling) count every such job; the finished ones (done, failed, cancelled) only
+    /// the jobs finished within [`GAUGE_FINISHED_WITHIN`], so that the gauge never reads
+    /// every job the database has kept.
     pub by_state: Vec<(String, i64)>,
     /// Age of the oldest unfinished job (queued, running, assembling), seconds; 0 when none.
     pub oldest_unfinished_seconds: f64,
@@ -987,21 +1001,44 @@ pub struct VoiceGauges {
     pub stalled: i64,
 }
 
-/// Jobs by voice and state, the oldest unfinished job's age and the jobs without
-/// progress for `lease` (one statement over the jobs table).
+/// How far back [`voice_gauges`] counts finished jobs (by `finished_at`).
+pub const GAUGE_FINISHED_WITHIN: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Jobs by voice and state (finished ones: those of the last
+/// [`GAUGE_FINISHED_WITHIN`]), the oldest unfinished job's age and the jobs without
+/// progress for `lease`. One statement that reads the unfinished jobs through their
+/// partial index (`jobs_unfinished_idx`) and the recently finished ones through theirs
+/// (`jobs_finished_at_idx`): its work does not grow with the finished jobs kept. A voice
+/// with neither is not returned (the caller zeroes what it reported of it before).
 pub async fn voice_gauges(
     exec: impl PgExecutor<'_>,
     lease: std::time::Duration,
 ) -> Result<Vec<VoiceGauges>, DbError> {
+    const STATES: [JobState; 6] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Assembling,
+        JobState::Done,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
     let rows: Vec<(String, String, i64, Option<f64>, i64)> = sqlx::query_as(
         "SELECT voice, state, count(*), \
          max(extract(epoch FROM now() - created_at)::float8) \
            FILTER (WHERE state IN ('queued', 'running', 'assembling')), \
          count(*) FILTER (WHERE state IN ('queued', 'running') \
            AND coalesce(progress_at, created_at) < now() - make_interval(secs => $1)) \
-         FROM jobs GROUP BY voice, state ORDER BY voice, state",
+         FROM ( \
+           SELECT voice, state, created_at, progress_at FROM jobs \
+             WHERE state IN ('queued', 'running', 'assembling') \
+           UNION ALL \
+           SELECT voice, state, created_at, progress_at FROM jobs \
+             WHERE state IN ('done', 'failed', 'cancelled') \
+               AND finished_at >= now() - make_interval(secs => $2) \
+         ) j GROUP BY voice, state ORDER BY voice, state",
     )
     .bind(lease.as_secs_f64())
+    .bind(GAUGE_FINISHED_WITHIN.as_secs_f64())
     .fetch_all(exec)
     .await?;
     let mut out: Vec<VoiceGauges> = Vec::new();
@@ -1009,13 +1046,17 @@ pub async fn voice_gauges(
         if out.last().is_none_or(|g| g.voice != voice) {
             out.push(VoiceGauges {
                 voice,
-                by_state: Vec::new(),
+                // Every state, so a state that emptied reads 0 rather than its last count.
+                by_state: STATES.iter().map(|s| (s.as_str().to_string(), 0)).collect(),
                 oldest_unfinished_seconds: 0.0,
                 stalled: 0,
             });
         }
         if let Some(g) = out.last_mut() {
-            g.by_state.push((state, n));
+            match g.by_state.iter_mut().find(|(s, _)| *s == state) {
+                Some(slot) => slot.1 = n,
+                None => g.by_state.push((state, n)),
+            }
             g.oldest_unfinished_seconds = g.oldest_unfinished_seconds.max(oldest.unwrap_or(0.0));
             g.stalled += stalled;
         }

@@ -42,26 +42,41 @@ const DEPTH_PER_PREFETCH: u64 = 2;
 pub struct FleetShare {
     /// The voice.
     pub voice: String,
-    /// Its jobs queued or running.
+    /// Its jobs of the normal lane queued or running.
     pub active_jobs: u64,
+    /// Its jobs of the high lane (priority above 0) queued or running.
+    pub active_high: u64,
     /// The prefetch of every live worker serving it, summed.
     pub fleet_prefetch: u64,
 }
 
 impl FleetShare {
-    /// Segments one of the voice's jobs keeps published: the voice's queue depth
-    /// ([`DEPTH_PER_PREFETCH`] × the fleet's prefetch) shared by its running jobs, at
-    /// least [`MIN_DISPATCH_WINDOW`].
+    /// Segments one of the voice's normal-lane jobs keeps published: the voice's queue
+    /// depth ([`DEPTH_PER_PREFETCH`] × the fleet's prefetch) shared by the lane's running
+    /// jobs, at least [`MIN_DISPATCH_WINDOW`].
     pub fn window(&self) -> u32 {
+        self.lane_window(self.active_jobs)
+    }
+
+    /// The same for a job of the high lane: the whole depth shared by the high lane's
+    /// jobs alone, so a priority book is not diluted by the backlog (workers take the
+    /// high lane first; its window must cover every worker's next batches).
+    pub fn high_window(&self) -> u32 {
+        self.lane_window(self.active_high)
+    }
+
+    fn lane_window(&self, jobs: u64) -> u32 {
         let depth = DEPTH_PER_PREFETCH.saturating_mul(self.fleet_prefetch);
-        let share = depth.div_ceil(self.active_jobs.max(1));
+        let share = depth.div_ceil(jobs.max(1));
         u32::try_from(share)
             .unwrap_or(u32::MAX)
             .max(MIN_DISPATCH_WINDOW)
     }
 }
 
-/// [`FleetShare`] of each of `voices`; workers seen within `seen_within` count.
+/// [`FleetShare`] of each of `voices`; live workers count, each judged by its own
+/// staleness (`workers.stale_after_s`: 6 of its heartbeats), rows without one by
+/// `seen_within`.
 pub async fn fleet_shares(
     exec: impl PgExecutor<'_>,
     voices: &[String],
@@ -69,15 +84,18 @@ pub async fn fleet_shares(
 ) -> Result<Vec<FleetShare>, DbError> {
     // Unfinished jobs through their partial index; workers' plans as their heartbeats
     // wrote them (one entry per voice served, with its prefetch).
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
         "SELECT v.voice, \
-           (SELECT count(*) FROM jobs j \
-             WHERE j.voice = v.voice AND j.state IN ('queued', 'running')), \
+           (SELECT count(*) FROM jobs j WHERE j.voice = v.voice \
+             AND j.state IN ('queued', 'running') AND j.priority <= 0), \
+           (SELECT count(*) FROM jobs j WHERE j.voice = v.voice \
+             AND j.state IN ('queued', 'running') AND j.priority > 0), \
            (SELECT coalesce(sum((p->>'prefetch')::bigint), 0)::bigint \
              FROM workers w CROSS JOIN LATERAL jsonb_array_elements( \
                CASE WHEN jsonb_typeof(w.plan) = 'array' THEN w.plan ELSE '[]' END) p \
              WHERE p->>'voice' = v.voice AND jsonb_typeof(p->'prefetch') = 'number' \
-               AND w.last_seen >= now() - make_interval(secs => $2)) \
+               AND w.last_seen >= now() - make_interval(secs => \
+                 coalesce(w.stale_after_s, $2))) \
          FROM unnest($1::text[]) AS v(voice)",
     )
     .bind(voices)
@@ -85,10 +103,11 @@ pub async fn fleet_shares(
     .fetch_all(exec)
     .await?;
     rows.into_iter()
-        .map(|(voice, active, prefetch)| {
+        .map(|(voice, active, high, prefetch)| {
             Ok(FleetShare {
                 voice,
                 active_jobs: unsigned("active jobs", active)?,
+                active_high: unsigned("active jobs", high)?,
                 fleet_prefetch: unsigned("prefetch", prefetch)?,
             })
         })
@@ -111,10 +130,14 @@ pub struct Claimed {
 /// What a claim may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimLimits {
-    /// The job's window: the segments it keeps published.
+    /// The job's window: the segments it keeps published (a job of the normal lane).
     pub window: u32,
-    /// The segment index the claim starts from.
-    pub from: u32,
+    /// The window of a job of the high lane ([`FleetShare::high_window`]); the claim
+    /// takes the one of the job's lane.
+    pub high_window: u32,
+    /// The segment index the claim starts from; `None`: where the job's claims have
+    /// reached (its dispatch front, see [`claim_dispatch`]).
+    pub from: Option<u32>,
     /// Nothing is claimed while the window has room for fewer than this (unless that is
     /// all the job has left unpublished): workers top up in runs, so the queue holds each
     /// book's segments in runs and a batch spans a few books, not one segment of each.
@@ -126,8 +149,20 @@ impl ClaimLimits {
     pub fn fill(window: u32) -> Self {
         Self {
             window,
-            from: 0,
+            high_window: window,
+            from: Some(0),
             at_least: 1,
+        }
+    }
+
+    /// The reconciler's top-up: from the job's dispatch front (every segment below it is
+    /// published or finished, see [`claim_dispatch`]), in runs as
+    /// [`Self::after_recording`]'s. It reads what it takes, however much of the book is
+    /// published.
+    pub fn resume(window: u32) -> Self {
+        Self {
+            from: None,
+            ..Self::after_recording(window, 0)
         }
     }
 
@@ -136,8 +171,19 @@ impl ClaimLimits {
     pub fn after_recording(window: u32, recorded: u32) -> Self {
         Self {
             window,
-            from: recorded,
+            high_window: window,
+            from: Some(recorded),
             at_least: (window / 2).clamp(1, 64),
+        }
+    }
+}
+
+impl ClaimLimits {
+    /// The same limits with `high` as the high lane's window.
+    pub fn with_high_window(self, high: u32) -> Self {
+        Self {
+            high_window: high,
+            ..self
         }
     }
 }
@@ -152,8 +198,19 @@ impl ClaimLimits {
 /// `from` lets a caller that knows where the published part of the book ends start
 /// there: the outbox index keeps an entry for every segment published since the last
 /// vacuum, and a scan from index 0 steps over all of them (the work would grow with the
-/// book). A segment below `from` left unpublished (a claim rolled back) is found by a
-/// claim from 0, which the reconciler makes.
+/// book). The job's *dispatch front* (`job_dispatch.dispatch_from`, 0 without a row)
+/// keeps where its claims have reached: a claim that starts at or below it moves it to
+/// its last segment + 1 (everything from its start up to there was taken, or was
+/// published already), and a claim without `from` ([`ClaimLimits::resume`], the
+/// reconciler's) starts there. It is written in the claim's transaction, so a claim
+/// rolled back (its segments left unpublished) takes its move of the front back with it:
+/// no unpublished segment is left below the front. What puts segments back to work
+/// (`retry_job`) sets it back to 0. Should a segment below the front still be unpublished
+/// (a row another transaction held locked when the claim skipped it), a resume claim
+/// comes up short of what the job has left and its room, and sets the front back to 0:
+/// the next one starts from the book's first segment. The front has its own table so
+/// that the claim, which holds its rows until the segments are published, never makes
+/// a recording of the job wait (recordings update the job's row).
 pub async fn claim_dispatch(
     conn: &mut PgConnection,
     job: Uuid,
@@ -170,12 +227,16 @@ pub async fn claim_dispatch(
         .await?;
     let Some(row) = sqlx::query(
         "SELECT voice, priority, traceparent, tracestate, segments_unpublished::bigint AS left, \
-           greatest($2 - (segments_total - segments_done - segments_failed \
-             - segments_unpublished), 0)::bigint AS room \
+           coalesce((SELECT d.dispatch_from FROM job_dispatch d WHERE d.job_id = jobs.id), 0) \
+             AS front, \
+           greatest(CASE WHEN priority > 0 THEN $3 ELSE $2 END \
+             - (segments_total - segments_done - segments_failed - segments_unpublished), \
+             0)::bigint AS room \
          FROM jobs WHERE id = $1 AND state IN ('queued', 'running')",
     )
     .bind(job)
     .bind(i64::from(limits.window))
+    .bind(i64::from(limits.high_window))
     .fetch_optional(&mut *conn)
     .await?
     else {
@@ -186,7 +247,8 @@ pub async fn claim_dispatch(
     if room < i64::from(limits.at_least).min(left) {
         room = 0;
     }
-    let from = limits.from;
+    let front = u32::try_from(row.try_get::<i32, _>("front")?).unwrap_or(0);
+    let from = limits.from.unwrap_or(front);
     let traceparent: Option<String> = row.try_get("traceparent")?;
     let trace = traceparent.map(|traceparent| TraceContext {
         traceparent,
@@ -212,6 +274,23 @@ pub async fn claim_dispatch(
     } else {
         Vec::new()
     };
+    let taken = i64::try_from(segments.len()).unwrap_or(i64::MAX);
+    let moved = match segments.last() {
+        Some(last) if from <= front => Some(last.index.saturating_add(1)),
+        // Short of what it had room for and the job has left: some lie below the front.
+        _ if limits.from.is_none() && front > 0 && room > 0 && taken < room.min(left) => Some(0),
+        _ => None,
+    };
+    if let Some(to) = moved.filter(|&to| to != front) {
+        sqlx::query(
+            "INSERT INTO job_dispatch (job_id, dispatch_from) VALUES ($1, $2) \
+             ON CONFLICT (job_id) DO UPDATE SET dispatch_from = EXCLUDED.dispatch_from",
+        )
+        .bind(job)
+        .bind(crate::error::int4("segment index", to)?)
+        .execute(&mut *conn)
+        .await?;
+    }
     Ok(Some(Claimed {
         voice: row.try_get("voice")?,
         priority: row.try_get("priority")?,
@@ -227,22 +306,48 @@ fn dispatch_lock_key(job: Uuid) -> i64 {
     i64::from_ne_bytes(b.to_ne_bytes())
 }
 
-/// Jobs of `voices` queued or running with segments still unpublished, submitted at
-/// least `older_than` ago (leaving their producer time to publish their first window),
-/// oldest first, at most `limit`: what the reconciler tops up to their windows.
+/// Jobs of `voices` queued or running with segments still unpublished and room in their
+/// window for a run, submitted at least `older_than` ago (leaving their producer time to
+/// publish their first window), oldest first, at most `limit`: what the reconciler tops
+/// up to their windows. Each voice comes with its windows (normal lane, high lane); the
+/// room and the run are those a [`ClaimLimits::resume`] claim would judge, so a job whose
+/// claim would take nothing is not returned (the reconciler's tick then costs nothing per
+/// job whose window is full, however many run).
 pub async fn dispatch_candidates(
     exec: impl PgExecutor<'_>,
-    voices: &[String],
+    voices: &[(String, [u32; 2])],
     older_than: Duration,
     limit: u32,
 ) -> Result<Vec<(Uuid, String)>, DbError> {
+    let mut names = Vec::with_capacity(voices.len());
+    let mut windows = [
+        Vec::with_capacity(voices.len()),
+        Vec::with_capacity(voices.len()),
+    ];
+    let mut runs = Vec::with_capacity(voices.len());
+    for (voice, [normal, high]) in voices {
+        let limits = ClaimLimits::resume(*normal).with_high_window(*high);
+        names.push(voice.clone());
+        windows[0].push(i64::from(limits.window));
+        windows[1].push(i64::from(limits.high_window));
+        runs.push(i64::from(limits.at_least));
+    }
+    // Unfinished jobs through their partial index; the room as claim_dispatch reads it.
     Ok(sqlx::query_as(
-        "SELECT id, voice FROM jobs \
-         WHERE state IN ('queued', 'running') AND segments_unpublished > 0 \
-           AND voice = ANY($1) AND created_at <= now() - make_interval(secs => $2) \
-         ORDER BY created_at LIMIT $3",
+        "SELECT j.id, j.voice \
+         FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[]) AS v(voice, normal, high, run) \
+         JOIN jobs j ON j.voice = v.voice \
+         WHERE j.state IN ('queued', 'running') AND j.segments_unpublished > 0 \
+           AND j.created_at <= now() - make_interval(secs => $5) \
+           AND CASE WHEN j.priority > 0 THEN v.high ELSE v.normal END \
+             - (j.segments_total - j.segments_done - j.segments_failed - j.segments_unpublished) \
+             >= least(v.run, j.segments_unpublished) \
+         ORDER BY j.created_at, j.id LIMIT $6",
     )
-    .bind(voices)
+    .bind(&names)
+    .bind(&windows[0])
+    .bind(&windows[1])
+    .bind(&runs)
     .bind(secs(older_than))
     .bind(i64::from(limit))
     .fetch_all(exec)
@@ -257,8 +362,27 @@ mod tests {
         FleetShare {
             voice: "v".into(),
             active_jobs,
+            active_high: 0,
             fleet_prefetch,
         }
+    }
+
+    #[test]
+    fn a_priority_book_shares_the_depth_only_with_other_priority_books() {
+        // 4 workers holding 64 each, 20 backlog books, one priority book: the backlog
+        // books get the floor, the priority book the whole depth (every worker's next
+        // batches, twice over), not the floor of 64 that 4 × 32 would outrun.
+        let s = FleetShare {
+            active_high: 1,
+            ..share(20, 256)
+        };
+        assert_eq!(s.window(), MIN_DISPATCH_WINDOW);
+        assert_eq!(s.high_window(), 512);
+        let two = FleetShare {
+            active_high: 2,
+            ..share(20, 256)
+        };
+        assert_eq!(two.high_window(), 256);
     }
 
     #[test]

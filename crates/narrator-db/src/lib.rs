@@ -28,12 +28,12 @@ mod workers;
 pub use bench::{BenchRow, StoredBench, bench_table_exists, fleet_bench, record_bench};
 pub use calibrations::{StoredCalibration, list_calibrations, put_calibration};
 pub use cluster::{
-    DeliveryHistory, DeliveryKey, JobSettings, LossLook, Output, Rescue, RetryOutcome,
-    SegmentCheck, StoredJob, VoiceGauges, VoiceOutstanding, abandoned_jobs, assembly_attempts,
-    cancelled_unreleased, check_deliveries, check_segment, check_segments, claim_assembly_for,
-    cluster_id, fail_settled_jobs, finish_with_outputs, job_outputs, job_route, job_trace,
-    job_voice, load_job, mark_in_engine, postpone_assembly, rescue_lost_segments, retry_job,
-    storage_released, take_over_assemblies, voice_gauges, voice_outstanding,
+    DeliveryHistory, DeliveryKey, GAUGE_FINISHED_WITHIN, JobSettings, LossLook, Output, Rescue,
+    RetryOutcome, SegmentCheck, StoredJob, VoiceGauges, VoiceOutstanding, abandoned_jobs,
+    assembly_attempts, cancelled_unreleased, check_deliveries, check_segment, check_segments,
+    claim_assembly_for, cluster_id, fail_settled_jobs, finish_with_outputs, job_outputs, job_route,
+    job_trace, job_voice, load_job, mark_in_engine, postpone_assembly, rescue_lost_segments,
+    retry_job, storage_released, take_over_assemblies, voice_gauges, voice_outstanding,
 };
 pub use dispatch::{
     ClaimLimits, Claimed, FleetShare, MIN_DISPATCH_WINDOW, claim_dispatch, dispatch_candidates,
@@ -50,7 +50,9 @@ pub use segments::{
     record_segments,
 };
 pub use store::PgStateStore;
-pub use workers::{WorkerInfo, WorkerStatus, heartbeat, list_workers, served_voices};
+pub use workers::{
+    WorkerInfo, WorkerStatus, forget_workers, heartbeat, list_workers, served_voices,
+};
 
 pub use sqlx::{PgConnection, PgPool};
 pub use uuid::Uuid;

@@ -94,6 +94,25 @@ pub async fn heartbeat(
     Ok(())
 }
 
+/// Deletes the rows of workers not seen for `unseen_for` (a day, from the heartbeat):
+/// worker ids are `host:pid` by default, so every restart leaves a row behind, and the
+/// live-worker filters would otherwise read more rows as the fleet ages. Nothing keeps a
+/// reference to the row: segments and jobs name a worker by its id string (no foreign
+/// key), and a deleted row reads as a worker gone, which it is. Returns how many rows
+/// went.
+pub async fn forget_workers(
+    exec: impl PgExecutor<'_>,
+    unseen_for: Duration,
+) -> Result<u64, DbError> {
+    Ok(
+        sqlx::query("DELETE FROM workers WHERE last_seen < now() - make_interval(secs => $1)")
+            .bind(secs(unseen_for))
+            .execute(exec)
+            .await?
+            .rows_affected(),
+    )
+}
+
 /// Workers seen within `active_within`, by id.
 pub async fn list_workers(
     exec: impl PgExecutor<'_>,

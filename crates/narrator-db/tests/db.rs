@@ -453,7 +453,7 @@ fn indices(c: &narrator_db::Claimed) -> Vec<u32> {
 async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() {
     let db = TestDb::new().await;
     let pool = db.pool.clone();
-    let voices = vec!["en_US-joe-medium".to_string()];
+    let voices = vec![("en_US-joe-medium".to_string(), [4, 4])];
     let job = create_job(&pool, &plan(2, 5), "wav", 2)
         .await
         .expect("create");
@@ -465,7 +465,7 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
     let due = dispatch_candidates(&pool, &voices, Duration::ZERO, 10)
         .await
         .expect("scan");
-    assert_eq!(due, [(job, voices[0].clone())]);
+    assert_eq!(due, [(job, voices[0].0.clone())]);
     let mut a = pool.begin().await.expect("tx");
     let first = claim_dispatch(&mut a, job, ClaimLimits::fill(4))
         .await
@@ -504,7 +504,7 @@ async fn a_job_keeps_its_window_published_and_concurrent_claims_never_overlap() 
     assert_eq!(room, Some(vec![4, 5]), "two recorded, two more, in order");
     // Told where to start, a claim starts there (4 and 5 are for a claim from 0).
     let from_six = ClaimLimits {
-        from: 6,
+        from: Some(6),
         ..ClaimLimits::fill(4)
     };
     let (tx, past) = claim(from_six).await;
@@ -1315,10 +1315,36 @@ async fn a_postponed_assembly_waits_for_its_time_then_is_claimed_again() {
             .await
             .expect("claim")
     );
+    // An outage is not charged; a transient error of the job's own is.
     assert!(
-        narrator_db::postpone_assembly(&pool, job, "S3 away", Duration::from_secs(3600))
+        narrator_db::postpone_assembly(&pool, job, "S3 away", Duration::from_secs(3600), false)
             .await
             .expect("postpone")
+    );
+    assert_eq!(
+        narrator_db::assembly_attempts(&pool, job).await.expect("n"),
+        0
+    );
+    assert!(
+        !narrator_db::claim_assembly_for(&pool, job, "w", me)
+            .await
+            .expect("claim")
+    );
+    sqlx::query("UPDATE jobs SET state = 'assembling' WHERE id = $1")
+        .bind(job)
+        .execute(&pool)
+        .await
+        .expect("assembling again");
+    assert!(
+        narrator_db::postpone_assembly(
+            &pool,
+            job,
+            "encoder hiccup",
+            Duration::from_secs(3600),
+            true
+        )
+        .await
+        .expect("postpone")
     );
     assert_eq!(
         narrator_db::assembly_attempts(&pool, job).await.expect("n"),
@@ -1788,4 +1814,321 @@ async fn the_voices_served_are_those_of_live_workers_plans() {
         .await
         .expect("voices");
     assert_eq!(voices, ["en_US-joe-medium", "kokoro"]);
+}
+
+/// The dispatch front of `job`: where a resume claim starts.
+async fn dispatch_front(pool: &PgPool, job: narrator_db::Uuid) -> i32 {
+    sqlx::query_scalar(
+        "SELECT coalesce((SELECT dispatch_from FROM job_dispatch WHERE job_id = $1), 0)",
+    )
+    .bind(job)
+    .fetch_one(pool)
+    .await
+    .expect("front")
+}
+
+/// Claims `limits` of `job` and, when `commit`, marks what it took published and commits
+/// (else rolls back); returns the indices taken.
+async fn claim_once(
+    pool: &PgPool,
+    job: narrator_db::Uuid,
+    limits: ClaimLimits,
+    commit: bool,
+) -> Vec<u32> {
+    let mut tx = pool.begin().await.expect("tx");
+    let claimed = claim_dispatch(&mut tx, job, limits)
+        .await
+        .expect("claim")
+        .expect("running");
+    let idx = indices(&claimed);
+    if commit {
+        mark_published(&mut *tx, job, &idx).await.expect("mark");
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+    idx
+}
+
+/// The reconciler asks only for jobs whose window has room for a run (half the window, at
+/// most 64; less when that is all the job has left), as its claim would judge it, with
+/// each lane's window.
+#[tokio::test]
+async fn dispatch_candidates_skip_jobs_without_room_for_a_run() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let voice = "en_US-joe-medium".to_string();
+    let job = create_job(&pool, &plan(2, 50), "wav", 0)
+        .await
+        .expect("create");
+    let due = |windows: [u32; 2]| {
+        let pool = pool.clone();
+        let voices = vec![(voice.clone(), windows)];
+        async move {
+            dispatch_candidates(&pool, &voices, Duration::ZERO, 10)
+                .await
+                .expect("scan")
+                .into_iter()
+                .map(|(j, _)| j)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        due([8, 8]).await,
+        [job],
+        "nothing out: a whole window of room"
+    );
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::fill(8), true)
+            .await
+            .len(),
+        8
+    );
+    assert!(due([8, 8]).await.is_empty(), "the window is full");
+    record_segments(&pool, job, &[rec(0, "w"), rec(1, "w"), rec(2, "w")])
+        .await
+        .expect("record");
+    assert!(due([8, 8]).await.is_empty(), "room for 3, a run is 4");
+    record_segment(&pool, job, &rec(3, "w"))
+        .await
+        .expect("record");
+    assert_eq!(due([8, 8]).await, [job], "room for a run");
+    assert!(
+        due([4, 64]).await.is_empty(),
+        "a normal-lane job's window is the first"
+    );
+    // A job of the high lane is judged by the high lane's window.
+    let high = create_job(&pool, &plan(1, 20), "wav", 5)
+        .await
+        .expect("create");
+    assert_eq!(
+        claim_once(&pool, high, ClaimLimits::fill(8), true)
+            .await
+            .len(),
+        8
+    );
+    assert_eq!(due([8, 16]).await, [job, high]);
+    assert_eq!(due([16, 8]).await, [job]);
+    // All it has left is less than a run: room for that is enough.
+    let small = create_job(&pool, &plan(1, 10), "wav", 0)
+        .await
+        .expect("create");
+    assert_eq!(
+        claim_once(&pool, small, ClaimLimits::fill(8), true)
+            .await
+            .len(),
+        8
+    );
+    let records: Vec<_> = (0..7).map(|i| rec(i, "w")).collect();
+    record_segments(&pool, small, &records)
+        .await
+        .expect("record");
+    // small: 1 out, 2 left, room 7 with a window of 8 (run 4).
+    assert_eq!(due([8, 8]).await, [job, small]);
+}
+
+/// The reconciler's claim starts at the job's dispatch front (where the claims before it
+/// reached), not at index 0; a rolled-back claim leaves the front where it was, a claim
+/// that comes up short because a segment below the front is unpublished sets it back to
+/// 0, and a retry (failed segments unpublished again) does too.
+#[tokio::test]
+async fn a_resume_claim_starts_at_the_dispatch_front_and_a_retry_resets_it() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let job = create_job(&pool, &plan(2, 10), "wav", 0)
+        .await
+        .expect("create");
+    assert_eq!(dispatch_front(&pool, job).await, 0);
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::fill(4), true).await,
+        [0, 1, 2, 3]
+    );
+    assert_eq!(dispatch_front(&pool, job).await, 4, "submit's first window");
+    let records: Vec<_> = (0..4).map(|i| rec(i, "w")).collect();
+    record_segments(&pool, job, &records).await.expect("record");
+    // Rolled back: its segments stay unpublished and the front stays below them.
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::resume(4), false).await,
+        [4, 5, 6, 7]
+    );
+    assert_eq!(
+        dispatch_front(&pool, job).await,
+        4,
+        "the rollback took the move back"
+    );
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::resume(4), true).await,
+        [4, 5, 6, 7]
+    );
+    assert_eq!(dispatch_front(&pool, job).await, 8);
+    // A worker's top-up from a recorded index at or below the front moves it too.
+    let records: Vec<_> = (4..8).map(|i| rec(i, "w")).collect();
+    record_segments(&pool, job, &records).await.expect("record");
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::after_recording(4, 7), true).await,
+        [8, 9, 10, 11]
+    );
+    assert_eq!(dispatch_front(&pool, job).await, 12);
+    // One from past the front does not (it may step over unpublished segments): the
+    // next resume claim takes what it stepped over.
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::after_recording(16, 14), true).await,
+        [14, 15, 16, 17, 18, 19]
+    );
+    assert_eq!(dispatch_front(&pool, job).await, 12);
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::resume(16), true).await,
+        [12, 13]
+    );
+    assert_eq!(dispatch_front(&pool, job).await, 14);
+    // A segment below the front unpublished behind the claims' back: the resume claim
+    // finds nothing from the front, sets it back to 0, and the next one finds it.
+    sqlx::query("UPDATE segments SET published_at = NULL WHERE job_id = $1 AND idx = 9")
+        .bind(job)
+        .execute(&pool)
+        .await
+        .expect("unpublish");
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::resume(16), true).await,
+        Vec::<u32>::new()
+    );
+    assert_eq!(dispatch_front(&pool, job).await, 0);
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::resume(16), true).await,
+        [9]
+    );
+    assert_eq!(dispatch_front(&pool, job).await, 10);
+    assert_counters_agree(&pool, job, "resumed").await;
+    // A failed job retried: its segments not done are unpublished again, from index 8.
+    assert!(fail_job(&pool, job, "x", "y").await.expect("fail"));
+    assert!(matches!(
+        narrator_db::retry_job(&pool, job).await.expect("retry"),
+        narrator_db::RetryOutcome::Retried(_)
+    ));
+    assert_eq!(
+        dispatch_front(&pool, job).await,
+        0,
+        "the retry reset the front"
+    );
+    assert_eq!(
+        claim_once(&pool, job, ClaimLimits::resume(16), true).await,
+        (8..20).collect::<Vec<_>>()
+    );
+    assert_eq!(dispatch_front(&pool, job).await, 20);
+    assert_counters_agree(&pool, job, "retried").await;
+}
+
+/// The job gauges read the unfinished jobs and those finished in the last hour through
+/// their indexes: 2,000 jobs finished a day ago are not read, nor counted.
+#[tokio::test]
+async fn voice_gauges_do_not_read_the_finished_jobs_kept() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let queued = create_job(&pool, &plan(1, 2), "wav", 0)
+        .await
+        .expect("create");
+    sqlx::query(
+        "INSERT INTO jobs (id, content_id, title, source, voice, format, state, segments_total, \
+           segments_done, created_at, finished_at) \
+         SELECT gen_random_uuid(), 'c', 't', 's', 'en_US-joe-medium', 'wav', \
+           CASE WHEN i % 4 = 0 THEN 'failed' ELSE 'done' END, 1, \
+           CASE WHEN i % 4 = 0 THEN 0 ELSE 1 END, \
+           now() - interval '2 days', now() - interval '1 day' \
+         FROM generate_series(1, 2000) i",
+    )
+    .execute(&pool)
+    .await
+    .expect("old jobs");
+    sqlx::query(
+        "INSERT INTO jobs (id, content_id, title, source, voice, format, state, segments_total, \
+           segments_done, created_at, finished_at) \
+         SELECT gen_random_uuid(), 'c', 't', 's', 'en_US-joe-medium', 'wav', 'done', 1, 1, \
+           now() - interval '20 minutes', now() - interval '10 minutes' \
+         FROM generate_series(1, 3)",
+    )
+    .execute(&pool)
+    .await
+    .expect("recent jobs");
+    sqlx::query("ANALYZE jobs")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    // The transaction's own table statistics: what this statement read of `jobs`.
+    let mut tx = pool.begin().await.expect("tx");
+    let gauges = narrator_db::voice_gauges(&mut *tx, Duration::from_secs(3600))
+        .await
+        .expect("gauges");
+    let (seq_read, idx_fetched): (i64, i64) = sqlx::query_as(
+        "SELECT coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0) \
+         FROM pg_stat_xact_user_tables WHERE relname = 'jobs'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("stats");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(gauges.len(), 1);
+    let g = &gauges[0];
+    assert_eq!(g.voice, "en_US-joe-medium");
+    let by_state: std::collections::BTreeMap<&str, i64> =
+        g.by_state.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+    assert_eq!(
+        by_state,
+        [
+            ("assembling", 0),
+            ("cancelled", 0),
+            ("done", 3),
+            ("failed", 0),
+            ("queued", 1),
+            ("running", 0)
+        ]
+        .into_iter()
+        .collect(),
+        "every state, the finished ones of the last hour"
+    );
+    assert_eq!(g.stalled, 0);
+    assert!(g.oldest_unfinished_seconds < 600.0);
+    assert_eq!(seq_read, 0, "no sequential scan of jobs");
+    assert!(
+        idx_fetched <= 10,
+        "read {idx_fetched} jobs through indexes: the queued one and the 3 recent"
+    );
+    let _ = queued;
+}
+
+/// Rows of workers not seen for a day are deleted; the others stay.
+#[tokio::test]
+async fn rows_of_workers_gone_a_day_are_deleted() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    for id in ["live", "gone", "quiet"] {
+        heartbeat(&pool, &worker_row(id, narrator_db::Uuid::new_v4()), 0)
+            .await
+            .expect("beat");
+    }
+    sqlx::query("UPDATE workers SET last_seen = now() - interval '2 days' WHERE id = 'gone'")
+        .execute(&pool)
+        .await
+        .expect("age");
+    sqlx::query("UPDATE workers SET last_seen = now() - interval '2 hours' WHERE id = 'quiet'")
+        .execute(&pool)
+        .await
+        .expect("age");
+    let day = Duration::from_secs(24 * 3600);
+    assert_eq!(
+        narrator_db::forget_workers(&pool, day)
+            .await
+            .expect("forget"),
+        1
+    );
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM workers ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .expect("ids");
+    assert_eq!(ids, ["live", "quiet"]);
+    assert_eq!(
+        narrator_db::forget_workers(&pool, day)
+            .await
+            .expect("again"),
+        0
+    );
 }

@@ -192,7 +192,10 @@ fn describe() {
         "Age of the oldest unfinished job"
     );
     describe_gauge!(JOBS_STALLED, "Unfinished jobs without progress for a lease");
-    describe_gauge!(JOBS, "Jobs by state");
+    describe_gauge!(
+        JOBS,
+        "Jobs by state (done, failed, cancelled: those finished in the last hour)"
+    );
     describe_gauge!(DEAD_LETTER_MESSAGES, "Messages in the dead-letter queue");
     describe_gauge!(READY, "1 when the worker is ready");
     describe_gauge!(GPU_MEMORY_USED, Unit::Bytes, "GPU memory used");

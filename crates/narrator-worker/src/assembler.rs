@@ -327,7 +327,10 @@ async fn try_settle(
     let after = crate::backoff(attempts);
     tracing::warn!(%job, attempt = attempts, retry_in_s = after.as_secs_f64(), class = failure.class.as_str(),
         error = %failure.message, "assembly failed for now; it will be tried again");
-    narrator_db::postpone_assembly(pool, job, &failure.message, after).await?;
+    // An outage (or a wedged worker's assembly put back) is not the job's fault: not
+    // charged, so only transient errors of its own count towards giving up.
+    let charged = failure.class == RetryClass::Transient;
+    narrator_db::postpone_assembly(pool, job, &failure.message, after, charged).await?;
     Ok(())
 }
 

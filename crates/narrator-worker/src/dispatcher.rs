@@ -21,8 +21,9 @@ pub struct Dispatcher {
     cluster: String,
     /// Workers seen this recently count in the fleet.
     seen_within: Duration,
-    /// Per voice: the window its jobs keep published, and when it was computed.
-    windows: Mutex<HashMap<String, (u32, Instant)>>,
+    /// Per voice: the windows its jobs keep published (normal lane, high lane), and
+    /// when they were computed.
+    windows: Mutex<HashMap<String, ([u32; 2], Instant)>>,
     /// Jobs with a dispatch under way in this worker, and, when another was asked for
     /// meanwhile, the index it starts from (it then runs once more instead of alongside).
     running: Mutex<HashMap<Uuid, Option<u32>>>,
@@ -42,11 +43,12 @@ impl Dispatcher {
         }
     }
 
-    /// The window of `voice`'s jobs: the last one looked up, the smallest before that.
-    pub fn window(&self, voice: &str) -> u32 {
+    /// The windows of `voice`'s jobs (normal lane, high lane): the last ones looked up,
+    /// the smallest before that.
+    pub fn windows(&self, voice: &str) -> [u32; 2] {
         lock(&self.windows)
             .get(voice)
-            .map_or(MIN_DISPATCH_WINDOW, |w| w.0)
+            .map_or([MIN_DISPATCH_WINDOW; 2], |w| w.0)
     }
 
     /// Recomputes the window of `voice` from its running jobs and the prefetch of the
@@ -57,28 +59,38 @@ impl Dispatcher {
             Ok(shares) => {
                 let mut windows = lock(&self.windows);
                 for s in shares {
-                    windows.insert(s.voice.clone(), (s.window(), Instant::now()));
+                    let w = [s.window(), s.high_window()];
+                    windows.insert(s.voice.clone(), (w, Instant::now()));
                 }
             }
             Err(e) => tracing::debug!(error = %e, "cannot read the fleet's share of jobs"),
         }
     }
 
-    /// Publishes what fits `job`'s window now: after a recording of segments up to
-    /// `recorded`, from there and in runs; without one (`None`), whatever fits, from the
-    /// job's first segment. Returns how many it published. The voice's window is looked
-    /// up again first when it is older than a second (books come and go).
-    pub async fn top_up(&self, job: Uuid, voice: &str, recorded: Option<u32>) -> usize {
+    /// [`Dispatcher::windows`], looked up again first when older than a second (books
+    /// come and go, workers too).
+    pub async fn fresh_windows(&self, voice: &str) -> [u32; 2] {
         let stale = lock(&self.windows)
             .get(voice)
             .is_none_or(|w| w.1.elapsed() >= WINDOW_FRESH_FOR);
         if stale {
             self.refresh(voice).await;
         }
-        let window = self.window(voice);
-        let limits = recorded.map_or(ClaimLimits::fill(window), |r| {
-            ClaimLimits::after_recording(window, r)
-        });
+        self.windows(voice)
+    }
+
+    /// Publishes what fits `job`'s window now: after a recording of segments up to
+    /// `recorded`, from there and in runs; without one (`None`, the reconciler's), in runs
+    /// from where the job's claims have reached (its dispatch front: see
+    /// `narrator_db::claim_dispatch`). Returns how many it published. The voice's window is looked
+    /// up again first when it is older than a second (books come and go).
+    pub async fn top_up(&self, job: Uuid, voice: &str, recorded: Option<u32>) -> usize {
+        let [window, high] = self.fresh_windows(voice).await;
+        let limits = recorded
+            .map_or(ClaimLimits::resume(window), |r| {
+                ClaimLimits::after_recording(window, r)
+            })
+            .with_high_window(high);
         match crate::publish::dispatch(&self.pool, &self.publisher, &self.cluster, job, limits)
             .await
         {

@@ -49,7 +49,10 @@ impl Gauges {
         }
     }
 
-    async fn jobs(&self) {
+    /// `reported`: the voices reported before; one missing now (no unfinished job, none
+    /// finished in the last hour) has its gauges set to 0 rather than left at their last
+    /// values.
+    async fn jobs(&self, reported: &mut std::collections::BTreeSet<String>) {
         let gauges = match narrator_db::voice_gauges(&self.pool, self.lease).await {
             Ok(g) => g,
             Err(e) => {
@@ -57,6 +60,28 @@ impl Gauges {
                 return;
             }
         };
+        let now: std::collections::BTreeSet<String> =
+            gauges.iter().map(|g| g.voice.clone()).collect();
+        let gone = reported
+            .difference(&now)
+            .map(|voice| narrator_db::VoiceGauges {
+                voice: voice.clone(),
+                by_state: [
+                    "queued",
+                    "running",
+                    "assembling",
+                    "done",
+                    "failed",
+                    "cancelled",
+                ]
+                .iter()
+                .map(|s| (s.to_string(), 0))
+                .collect(),
+                oldest_unfinished_seconds: 0.0,
+                stalled: 0,
+            });
+        let gauges: Vec<_> = gauges.into_iter().chain(gone).collect();
+        *reported = now;
         for g in gauges {
             for (state, n) in &g.by_state {
                 metrics::gauge!(m::JOBS, "voice" => g.voice.clone(), "state" => state.clone())
@@ -106,9 +131,10 @@ async fn gpus() {
 /// Samples every [`SAMPLE_EVERY`] until `stop`.
 pub(crate) async fn gauges(g: Gauges, mut stop: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    let mut reported = std::collections::BTreeSet::new();
     loop {
         g.queues().await;
-        g.jobs().await;
+        g.jobs(&mut reported).await;
         gpus().await;
         tokio::select! {
             biased;

@@ -141,7 +141,14 @@ fn gauge_engine(
     }
 }
 
-/// Writes the worker's row every `every` until `stop`.
+/// Rows of workers not seen for this long are deleted (by any worker's heartbeat).
+pub const FORGET_WORKERS_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// At most this often does a worker delete the rows of long-gone workers.
+const FORGET_EVERY: Duration = Duration::from_secs(300);
+
+/// Writes the worker's row every `every` until `stop`, and every [`FORGET_EVERY`]
+/// deletes the rows of workers not seen for [`FORGET_WORKERS_AFTER`].
 pub(crate) async fn heartbeat(
     pool: PgPool,
     describe: Arc<Describe>,
@@ -151,6 +158,7 @@ pub(crate) async fn heartbeat(
 ) {
     let mut tick = tokio::time::interval(every);
     let mut failing = false;
+    let mut forgotten: Option<std::time::Instant> = None;
     loop {
         let info = describe.info();
         let beat = narrator_db::heartbeat(&pool, &info, done.load(Ordering::Relaxed)).await;
@@ -171,6 +179,14 @@ pub(crate) async fn heartbeat(
                 failing = false;
             }
             Ok(()) => {}
+        }
+        if forgotten.is_none_or(|at| at.elapsed() >= FORGET_EVERY) {
+            forgotten = Some(std::time::Instant::now());
+            match narrator_db::forget_workers(&pool, FORGET_WORKERS_AFTER).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(rows = n, "deleted the rows of workers gone a day"),
+                Err(e) => tracing::debug!(error = %e, "cannot delete the rows of gone workers"),
+            }
         }
         tokio::select! {
             biased;

@@ -52,24 +52,33 @@ fn messages(
         .collect()
 }
 
-/// The window a job of `voice` starts with, from its running jobs (`coming` more about
-/// to be submitted) and the prefetch of the workers seen in the last minute.
+/// The limits of a first claim for a job of `voice` in the lane of `priority`: its
+/// windows from the voice's running jobs (`coming` more of that lane about to be
+/// submitted) and the prefetch of the workers seen in the last minute, from its first
+/// segment.
 pub async fn first_window(
     pool: &PgPool,
     voice: &str,
+    priority: i32,
     coming: u64,
-) -> Result<u32, narrator_db::DbError> {
+) -> Result<ClaimLimits, narrator_db::DbError> {
     let voices = [voice.to_string()];
     let shares = narrator_db::fleet_shares(pool, &voices, FLEET_SEEN_WITHIN).await?;
-    Ok(shares
-        .first()
-        .map_or(narrator_db::MIN_DISPATCH_WINDOW, |s| {
+    let floor = narrator_db::MIN_DISPATCH_WINDOW;
+    Ok(shares.first().map_or(ClaimLimits::fill(floor), |s| {
+        let s = if narrator_broker::lane_of(priority) > 0 {
+            FleetShare {
+                active_high: s.active_high + coming,
+                ..s.clone()
+            }
+        } else {
             FleetShare {
                 active_jobs: s.active_jobs + coming,
                 ..s.clone()
             }
-            .window()
-        }))
+        };
+        ClaimLimits::fill(s.window()).with_high_window(s.high_window())
+    }))
 }
 
 /// Workers seen this recently count in the fleet a first window is cut for.

@@ -77,13 +77,20 @@ pub(crate) async fn ready_messages(channel: &lapin::Channel, queue: &str) -> Opt
 }
 
 impl Reconciler {
-    /// Tops up every running job with segments unpublished that was submitted more than
-    /// `unpublished_after` ago: those whose producer died before publishing, and those
-    /// whose window grew.
+    /// Tops up every running job with segments unpublished and room in its window for a
+    /// run that was submitted more than `unpublished_after` ago: those whose producer
+    /// died before publishing, and those whose window grew. One query for the jobs with
+    /// room (the windows looked up at most once a second), then one claim each from
+    /// its dispatch front: the tick's work follows the jobs that need a top-up, not the
+    /// running books' lengths or how many have full windows.
     async fn outbox(&self) {
+        let mut windows: Vec<(String, [u32; 2])> = Vec::with_capacity(self.voices.len());
+        for v in &self.voices {
+            windows.push((v.clone(), self.dispatcher.fresh_windows(v).await));
+        }
         let jobs = match narrator_db::dispatch_candidates(
             &self.pool,
-            &self.voices,
+            &windows,
             self.unpublished_after,
             10_000,
         )
@@ -96,7 +103,7 @@ impl Reconciler {
             }
         };
         for (job, voice) in jobs {
-            // From index 0: also what a rolled-back claim left behind the book's front.
+            // From the job's dispatch front (no rolled-back claim leaves a segment below it).
             let n = self.dispatcher.top_up(job, &voice, None).await;
             if n > 0 {
                 tracing::debug!(%job, segments = n, "published segments into the job's window");

@@ -326,7 +326,8 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
              deleted already), so it cannot be retried: submit the book again"
         ),
     };
-    let voice = narrator_db::job_voice(&pool, job).await?;
+    let (voice, priority) = narrator_db::job_route(&pool, job).await?;
+    let mut enqueued = 0;
     if !segments.is_empty() {
         let conn = cluster::broker(&args.services, "narrator-retry").await?;
         let channel = conn.create_channel().await?;
@@ -334,16 +335,17 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
         let publisher = Publisher::new(&conn).await?;
         let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
         // Its first window; workers publish the rest as they record (fair share).
-        let window = narrator_worker::first_window(&pool, &voice, 0).await?;
-        let limits = narrator_db::ClaimLimits::fill(window);
-        narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, limits).await?;
+        let limits = narrator_worker::first_window(&pool, &voice, priority, 0).await?;
+        enqueued = narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, limits).await?;
         let _ = conn.close(200, "done".into()).await;
     }
     println!(
-        "job {job} is back to work: {} segments enqueued again{}",
+        "job {job} is back to work: {} segments to redo, {enqueued} enqueued now{}",
         segments.len(),
         if segments.is_empty() {
             " (all were done; a worker assembles it)"
+        } else if enqueued < segments.len() {
+            " (the rest follow as its segments are recorded)"
         } else {
             ""
         }

@@ -207,8 +207,8 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             // The books of this submission still to come count as running already: the
             // first of a folder does not take the whole queue before the others arrive.
             let coming = (plans.len() - 1 - n) as u64;
-            let window = narrator_worker::first_window(&pool, &voice.name, coming).await?;
-            let limits = narrator_db::ClaimLimits::fill(window);
+            let limits =
+                narrator_worker::first_window(&pool, &voice.name, args.priority, coming).await?;
             narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, limits).await?;
             anyhow::Ok(())
         }
