@@ -400,7 +400,12 @@ fn waiting(row: &PgRow, state: JobState) -> Result<Option<String>, DbError> {
         }
         JobState::Running if done == total => match retry_at {
             Some(at) => Some(format!(
-                "assembly failed for now (try {attempts}: {}); next try at {}",
+                "assembly failed for now ({}: {}); next try at {}",
+                if attempts == 0 {
+                    "an outage, not counted as a try".to_string()
+                } else {
+                    format!("try {attempts}")
+                },
                 error.unwrap_or_default(),
                 at.format("%H:%M:%S UTC")
             )),
