@@ -419,11 +419,6 @@ pub struct StoredJob {
     pub state: JobState,
 }
 
-/// A job's voice (what the reconciler and `retry` need to publish, without the plan).
-pub async fn job_voice(exec: impl PgExecutor<'_>, job: Uuid) -> Result<String, DbError> {
-    Ok(job_route(exec, job).await?.0)
-}
-
 /// A job's voice and priority: where its segments are published (the voice's queue of
 /// the priority's lane).
 pub async fn job_route(exec: impl PgExecutor<'_>, job: Uuid) -> Result<(String, i32), DbError> {
@@ -714,9 +709,9 @@ pub async fn rescue_lost_segments(
         i64::try_from(look.accounted[1]).unwrap_or(i64::MAX),
     ];
     let mut tx = pool.begin().await?;
-    let lost: Vec<(Uuid, i32, i32)> = sqlx::query_as(
+    let lost: Vec<(Uuid, i32)> = sqlx::query_as(
         "WITH out AS ( \
-           SELECT s.job_id, s.idx, s.published_at, s.engine_at, s.engine_by, s.rescues, \
+           SELECT s.job_id, s.idx, s.published_at, s.engine_at, s.engine_by, \
              (j.priority > 0)::int AS lane, \
              row_number() OVER (PARTITION BY j.priority > 0 \
                ORDER BY s.published_at DESC, s.idx DESC, s.job_id) AS newer \
@@ -730,7 +725,7 @@ pub async fn rescue_lost_segments(
            WHERE j.voice = $1 AND j.state IN ('queued', 'running') \
              AND (s.state = 'done' OR s.engine_at >= s.published_at) \
            ORDER BY j.priority > 0, s.published_at DESC, s.idx DESC) \
-         SELECT o.job_id, o.idx, o.rescues FROM out o LEFT JOIN front f ON f.lane = o.lane \
+         SELECT o.job_id, o.idx FROM out o LEFT JOIN front f ON f.lane = o.lane \
          WHERE o.newer > ($2::int8[])[o.lane + 1] \
            AND (($2::int8[])[o.lane + 1] = 0 OR (o.published_at, o.idx) < (f.at, f.at_idx)) \
            AND o.published_at < now() - make_interval(secs => $3) \
@@ -751,31 +746,27 @@ pub async fn rescue_lost_segments(
     .fetch_all(&mut *tx)
     .await?;
     let max_rescues = i32::try_from(max_rescues).unwrap_or(i32::MAX);
-    let (jobs, idx): (Vec<Uuid>, Vec<i32>) = lost.iter().map(|l| (l.0, l.1)).unzip();
-    // Given up: lost again and again (a message that kills every worker it reaches,
-    // dead-lettered by the broker without a record). The age is checked again under the
-    // row's lock: a watchdog that rescued it meanwhile made it young.
-    let given_up: Vec<(Uuid,)> = sqlx::query_as(
-        "UPDATE segments s SET state = 'failed', failure_kind = 'lost', engine_by = NULL, \
-           failure_reason = format('lost %s times (dead-lettered by the broker or never \
-             delivered; workers may have died on it each time)', s.rescues) \
-         FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
-         WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.state = 'pending' \
-           AND s.published_at < now() - make_interval(secs => $3) AND s.rescues >= $4 \
-         RETURNING s.job_id",
-    )
-    .bind(&jobs)
-    .bind(&idx)
-    .bind(secs(look.min_age))
-    .bind(max_rescues)
-    .fetch_all(&mut *tx)
-    .await?;
+    let (jobs, idx): (Vec<Uuid>, Vec<i32>) = lost.into_iter().unzip();
+    // One statement: each is published again with one more rescue, or, lost
+    // `max_rescues` times already, given up (a message that kills every worker it
+    // reaches, dead-lettered by the broker without a record). The age is checked again
+    // under the row's lock: a watchdog that rescued it meanwhile made it young.
     let rows = sqlx::query(
-        "UPDATE segments s SET rescues = s.rescues + 1, published_at = statement_timestamp() \
+        "UPDATE segments s SET \
+           state = CASE WHEN s.rescues >= $4 THEN 'failed' ELSE s.state END, \
+           failure_kind = CASE WHEN s.rescues >= $4 THEN 'lost' ELSE s.failure_kind END, \
+           failure_reason = CASE WHEN s.rescues >= $4 THEN format('lost %s times \
+             (dead-lettered by the broker or never delivered; workers may have died on it \
+             each time)', s.rescues) ELSE s.failure_reason END, \
+           engine_by = CASE WHEN s.rescues >= $4 THEN NULL ELSE s.engine_by END, \
+           rescues = s.rescues + (s.rescues < $4)::int, \
+           published_at = CASE WHEN s.rescues >= $4 THEN s.published_at \
+             ELSE statement_timestamp() END \
          FROM unnest($1::uuid[], $2::int4[]) AS k(job_id, idx) \
          WHERE s.job_id = k.job_id AND s.idx = k.idx AND s.state = 'pending' \
-           AND s.published_at < now() - make_interval(secs => $3) AND s.rescues < $4 \
-         RETURNING s.job_id, s.idx, s.chapter, s.text, s.pause_after, s.speaker",
+           AND s.published_at < now() - make_interval(secs => $3) \
+         RETURNING s.job_id, s.state = 'failed' AS given_up, \
+           s.idx, s.chapter, s.text, s.pause_after, s.speaker",
     )
     .bind(&jobs)
     .bind(&idx)
@@ -785,14 +776,12 @@ pub async fn rescue_lost_segments(
     .await?;
     let mut by_job: std::collections::BTreeMap<Uuid, (Vec<Segment>, u32)> = Default::default();
     for r in &rows {
-        by_job
-            .entry(r.try_get("job_id")?)
-            .or_default()
-            .0
-            .push(segment_row(r)?);
-    }
-    for (job,) in given_up {
-        by_job.entry(job).or_default().1 += 1;
+        let entry = by_job.entry(r.try_get("job_id")?).or_default();
+        if r.try_get("given_up")? {
+            entry.1 += 1;
+        } else {
+            entry.0.push(segment_row(r)?);
+        }
     }
     let ids: Vec<Uuid> = by_job.keys().copied().collect();
     // The jobs' own record of rescues (status shows them), and their lanes.
@@ -1001,6 +990,27 @@ pub struct VoiceGauges {
     pub stalled: i64,
 }
 
+impl VoiceGauges {
+    /// A voice's figures with no job in any state: what a voice that drops out of
+    /// [`voice_gauges`] reads (a state that emptied reads 0, not its last count).
+    pub fn empty(voice: String) -> Self {
+        const STATES: [JobState; 6] = [
+            JobState::Queued,
+            JobState::Running,
+            JobState::Assembling,
+            JobState::Done,
+            JobState::Failed,
+            JobState::Cancelled,
+        ];
+        Self {
+            voice,
+            by_state: STATES.iter().map(|s| (s.as_str().to_string(), 0)).collect(),
+            oldest_unfinished_seconds: 0.0,
+            stalled: 0,
+        }
+    }
+}
+
 /// How far back [`voice_gauges`] counts finished jobs (by `finished_at`).
 pub const GAUGE_FINISHED_WITHIN: std::time::Duration = std::time::Duration::from_secs(3600);
 
@@ -1014,14 +1024,6 @@ pub async fn voice_gauges(
     exec: impl PgExecutor<'_>,
     lease: std::time::Duration,
 ) -> Result<Vec<VoiceGauges>, DbError> {
-    const STATES: [JobState; 6] = [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Assembling,
-        JobState::Done,
-        JobState::Failed,
-        JobState::Cancelled,
-    ];
     let rows: Vec<(String, String, i64, Option<f64>, i64)> = sqlx::query_as(
         "SELECT voice, state, count(*), \
          max(extract(epoch FROM now() - created_at)::float8) \
@@ -1044,13 +1046,8 @@ pub async fn voice_gauges(
     let mut out: Vec<VoiceGauges> = Vec::new();
     for (voice, state, n, oldest, stalled) in rows {
         if out.last().is_none_or(|g| g.voice != voice) {
-            out.push(VoiceGauges {
-                voice,
-                // Every state, so a state that emptied reads 0 rather than its last count.
-                by_state: STATES.iter().map(|s| (s.as_str().to_string(), 0)).collect(),
-                oldest_unfinished_seconds: 0.0,
-                stalled: 0,
-            });
+            // Every state, so a state that emptied reads 0 rather than its last count.
+            out.push(VoiceGauges::empty(voice));
         }
         if let Some(g) = out.last_mut() {
             match g.by_state.iter_mut().find(|(s, _)| *s == state) {

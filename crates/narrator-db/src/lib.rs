@@ -32,8 +32,8 @@ pub use cluster::{
     RetryOutcome, SegmentCheck, StoredJob, VoiceGauges, VoiceOutstanding, abandoned_jobs,
     assembly_attempts, cancelled_unreleased, check_deliveries, check_segment, check_segments,
     claim_assembly_for, cluster_id, fail_settled_jobs, finish_with_outputs, job_outputs, job_route,
-    job_trace, job_voice, load_job, mark_in_engine, postpone_assembly, rescue_lost_segments,
-    retry_job, storage_released, take_over_assemblies, voice_gauges, voice_outstanding,
+    job_trace, load_job, mark_in_engine, postpone_assembly, rescue_lost_segments, retry_job,
+    storage_released, take_over_assemblies, voice_gauges, voice_outstanding,
 };
 pub use dispatch::{
     ClaimLimits, Claimed, FleetShare, MIN_DISPATCH_WINDOW, claim_dispatch, dispatch_candidates,

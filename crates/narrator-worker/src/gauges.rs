@@ -64,22 +64,7 @@ impl Gauges {
             gauges.iter().map(|g| g.voice.clone()).collect();
         let gone = reported
             .difference(&now)
-            .map(|voice| narrator_db::VoiceGauges {
-                voice: voice.clone(),
-                by_state: [
-                    "queued",
-                    "running",
-                    "assembling",
-                    "done",
-                    "failed",
-                    "cancelled",
-                ]
-                .iter()
-                .map(|s| (s.to_string(), 0))
-                .collect(),
-                oldest_unfinished_seconds: 0.0,
-                stalled: 0,
-            });
+            .map(|voice| narrator_db::VoiceGauges::empty(voice.clone()));
         let gauges: Vec<_> = gauges.into_iter().chain(gone).collect();
         *reported = now;
         for g in gauges {

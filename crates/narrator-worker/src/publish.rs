@@ -54,8 +54,8 @@ fn messages(
 
 /// The limits of a first claim for a job of `voice` in the lane of `priority`: its
 /// windows from the voice's running jobs (`coming` more of that lane about to be
-/// submitted) and the prefetch of the workers seen in the last minute, from its first
-/// segment.
+/// submitted) and the prefetch of the live workers (each judged by its own heartbeat;
+/// rows that do not say, by the last minute), from its first segment.
 pub async fn first_window(
     pool: &PgPool,
     voice: &str,

@@ -10,8 +10,9 @@
 //!   dead-lettering one after its delivery limit, a dead letter that could not be
 //!   recorded, a broker that lost its disk), and the rescue is aimed at them: in each
 //!   lane messages leave first in, first out, so the lane's newest segments out, as many
-//!   as it has ready and held, are accounted for; the older ones that are in no live
-//!   engine and were not attempted lately (a retry tier) are the lost ones, published
+//!   as it has ready and held, are accounted for; the older ones the lane's front passed
+//!   (a segment published after them was delivered), in no live engine and not
+//!   attempted lately (a retry tier), are the lost ones, published
 //!   again, at most one per missing message. A busy voice or another voice's retries
 //!   do not hide a loss; a job waiting behind a backlog has its segments ready and is
 //!   never charged a rescue. A segment rescued [`MAX_RESCUES`] times is recorded
