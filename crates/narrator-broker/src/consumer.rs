@@ -325,6 +325,11 @@ impl Consumer {
         self.held_count.clone()
     }
 
+    /// Whether it holds deliveries of the high lane (handed out, not settled).
+    pub fn holds_high(&self) -> bool {
+        self.held_high.load(Ordering::Relaxed) > 0
+    }
+
     /// Of [`Consumer::held_counter`], those of the high lane.
     pub fn held_high_counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
         self.held_high.clone()
@@ -700,6 +705,10 @@ impl Consumer {
 
 impl SegmentQueue for Consumer {
     type Ticket = Ticket;
+
+    fn holds_higher_lane(&self) -> bool {
+        self.holds_high()
+    }
 
     async fn next(&self) -> Result<Option<Delivery<Ticket>>, SeamError> {
         Ok(self.next_delivery().await?)

@@ -273,6 +273,13 @@ pub trait SegmentQueue: Send + Sync {
         let _ = failure;
         self.requeue(ticket)
     }
+    /// Whether deliveries of a lane above the lowest are out with this queue's consumer
+    /// (handed out, not acknowledged): more of that lane follow as they are acknowledged,
+    /// so the runner holds the lowest lane back meanwhile. The default: none (an
+    /// in-process queue has one lane).
+    fn holds_higher_lane(&self) -> bool {
+        false
+    }
     /// Of `jobs`, those whose segments need no more work (cancelled or ended): the runner
     /// asks just before a batch goes to the device and acknowledges their segments
     /// unsynthesized. The default: none (an in-process queue has no cancellation).

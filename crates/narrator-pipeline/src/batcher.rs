@@ -278,7 +278,14 @@ pub struct LaneBatcher<T> {
     alone: VecDeque<T>,
     /// Past this wait a segment goes ahead of younger ones of higher lanes.
     max_hold: Duration,
+    /// The lowest lane waits (but for aged segments): more of a higher lane is on its
+    /// way ([`LaneBatcher::hold_lowest`]).
+    holding: bool,
 }
+
+/// How often a held-back lowest lane is looked at again (the hold is lifted by the
+/// queue's acknowledgements, which the batcher is not told of).
+const HOLD_POLL: Duration = Duration::from_millis(10);
 
 impl<T> LaneBatcher<T> {
     /// Batchers for lanes `0..lanes`, ageing after [`MAX_HOLD`].
@@ -287,7 +294,17 @@ impl<T> LaneBatcher<T> {
             lanes: (0..lanes.max(1)).map(|_| Batcher::new()).collect(),
             alone: VecDeque::new(),
             max_hold: MAX_HOLD,
+            holding: false,
         }
+    }
+
+    /// Holds the lowest lane back (`true`) while the queue has deliveries of a higher
+    /// lane out (held, not acknowledged): a worker busy with a priority book gets its
+    /// next deliveries as the batches in flight are acknowledged, and a batch of the
+    /// lowest lane started in between would go ahead of them. Aged segments still go
+    /// ([`LaneBatcher::with_max_hold`]).
+    pub fn hold_lowest(&mut self, on: bool) {
+        self.holding = on;
     }
 
     /// Ages segments after `max_hold` instead of [`MAX_HOLD`].
@@ -341,8 +358,9 @@ impl<T> LaneBatcher<T> {
             return self.lanes[i].oldest_batch(budget);
         }
         let last = self.lanes.len() - 1;
+        let holding = self.holding;
         for (i, b) in self.lanes.iter_mut().enumerate() {
-            if b.is_empty() {
+            if b.is_empty() || (i == last && holding) {
                 continue;
             }
             return b.next_batch(budget, now, flush || i < last);
@@ -363,7 +381,15 @@ impl<T> LaneBatcher<T> {
             .filter_map(Batcher::oldest_at)
             .min()
             .and_then(|at| at.checked_add(self.max_hold));
-        match (self.lanes[last].deadline(budget), aged) {
+        let lowest = if self.holding {
+            // Looked at again soon: the hold ends with the queue's acknowledgements.
+            self.lanes[last]
+                .oldest_at()
+                .map(|_| Instant::now() + HOLD_POLL)
+        } else {
+            self.lanes[last].deadline(budget)
+        };
+        match (lowest, aged) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -508,6 +534,27 @@ mod tests {
             lanes.next_batch(&b, t0 + Duration::from_secs(10), false),
             Some(vec![0])
         );
+    }
+
+    #[test]
+    fn a_held_lowest_lane_waits_for_the_higher_lane_but_not_past_the_hold() {
+        let hold = Duration::from_secs(60);
+        let b = budget(1000, 2, 0);
+        let mut lanes = LaneBatcher::new(2).with_max_hold(hold);
+        let t0 = Instant::now();
+        lanes.append(0, 0, 10, 1, t0);
+        lanes.hold_lowest(true);
+        assert_eq!(lanes.next_batch(&b, t0, false), None, "held back");
+        assert!(lanes.deadline(&b).is_some(), "looked at again");
+        // What arrives of the higher lane goes at once.
+        lanes.append(1, 100, 10, 1, t0);
+        assert_eq!(lanes.next_batch(&b, t0, false), Some(vec![100]));
+        // Aged, it goes even while held.
+        assert_eq!(lanes.next_batch(&b, t0 + hold, false), Some(vec![0]));
+        // Released, the lowest lane goes as before.
+        lanes.append(0, 1, 10, 1, t0);
+        lanes.hold_lowest(false);
+        assert_eq!(lanes.next_batch(&b, t0, false), Some(vec![1]));
     }
 
     fn budget(tokens: usize, requests: usize, wait_ms: u64) -> Budget {

@@ -572,6 +572,9 @@ where
                 }
             }
             let budget = synth.budget();
+            // A worker busy with a priority book: its next deliveries come as those in
+            // flight are acknowledged; the normal lane waits for them (not past the hold).
+            batcher.hold_lowest(input_open && queue.holds_higher_lane());
             if let Some(b) = batcher.next_batch(&budget, Instant::now(), !input_open) {
                 break b;
             }

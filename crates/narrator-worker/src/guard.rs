@@ -311,6 +311,10 @@ impl SegmentQueue for GuardedQueue {
         self.inner.requeue(ticket.inner).await
     }
 
+    fn holds_higher_lane(&self) -> bool {
+        self.inner.holds_high()
+    }
+
     async fn abandoned_jobs(&self, jobs: Vec<String>) -> Result<Vec<String>, SeamError> {
         let ids: Vec<Uuid> = jobs
             .iter()
