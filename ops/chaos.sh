@@ -5,9 +5,13 @@
 # a Postgres cluster (initdb), a RabbitMQ node and an s3s-fs server, each on its own port.
 #
 #   bash ops/chaos.sh [--minutes 10] [--books 10] [--workers 3] [--engine onnx|null]
-#                     [--seed N] [--drain-minutes 20] [--out DIR]
+#                     [--priority] [--seed N] [--drain-minutes 20] [--out DIR]
 #
-# Books: alice29.txt split into --books parts by chapter. Workers run under a restart
+# Books: alice29.txt split into --books parts by chapter (by paragraph runs of about equal
+# length when there are more books than chapters). --priority holds the last part back and
+# submits it 60 s later with --priority 1, into the running backlog; the table then says
+# when it finished against the others. BIN=PATH runs another build (e.g. a commit's, built
+# in a worktree) instead of this tree's release build. Workers run under a restart
 # loop (as a supervisor would restart them), with ids chaos:1..N that are reused after
 # every restart. Faults, one at a time, every 20-50 s:
 #   broker_restart  rabbitmqctl stop_app, 5-15 s, start_app
@@ -21,17 +25,18 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MINUTES=10 BOOKS=10 WORKERS=3 ENGINE=onnx SEED=$RANDOM DRAIN=20 OUT=""
+MINUTES=10 BOOKS=10 WORKERS=3 ENGINE=onnx SEED=$RANDOM DRAIN=20 OUT="" PRIORITY=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --minutes) MINUTES="$2"; shift 2 ;;
         --books) BOOKS="$2"; shift 2 ;;
         --workers) WORKERS="$2"; shift 2 ;;
         --engine) ENGINE="$2"; shift 2 ;;
+        --priority) PRIORITY=1; shift ;;
         --seed) SEED="$2"; shift 2 ;;
         --drain-minutes) DRAIN="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
-        -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "chaos: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -45,8 +50,10 @@ for c in "$ROOT/../shared/corpus/alice29.txt" /work/shared/corpus/alice29.txt; d
 done
 [[ -n "$CORPUS" ]] || die "alice29.txt not found in ../shared/corpus"
 bash "$ROOT/ops/setup.sh" --with-s3 >/dev/null
-(cd "$ROOT" && cargo build --release -q -p narrator)
-BIN="$ROOT/target/release/narrator"
+if [[ -z "${BIN:-}" ]]; then
+    (cd "$ROOT" && cargo build --release -q -p narrator)
+    BIN="$ROOT/target/release/narrator"
+fi
 S3BIN="$ROOT/.deps/s3/s3s-fs/bin/s3s-fs"
 
 WORK="$(mktemp -d /tmp/narrator-chaos.XXXXXX)"
@@ -117,13 +124,30 @@ text = open(sys.argv[1], encoding="utf-8", errors="replace").read()
 parts = re.split(r"(?m)^\s*(?=CHAPTER [IVXL]+\s*$)", text)
 chapters = [p for p in parts if p.lstrip().startswith("CHAPTER")]
 n = int(sys.argv[3])
-books = [[] for _ in range(n)]
-for i, c in enumerate(chapters):
-    books[min(i, n - 1) if len(chapters) >= n else i % n].append(c)
+if len(chapters) >= n:
+    books = [[] for _ in range(n)]
+    for i, c in enumerate(chapters):
+        books[min(i, n - 1)].append(c)
+else:
+    # More books than chapters: contiguous runs of paragraphs of about equal length.
+    paras = [p for c in chapters for p in re.split(r"\n\s*\n", c) if p.strip()]
+    share = sum(map(len, paras)) / n
+    books, size = [[]], 0
+    for p in paras:
+        if size >= share and len(books) < n:
+            books.append([])
+            size = 0
+        books[-1].append(p)
+        size += len(p)
 for i, b in enumerate(books):
     if b:
         pathlib.Path(sys.argv[2], f"alice-{i + 1:02d}.txt").write_text("\n\n".join(b), encoding="utf-8")
 EOF
+if (( PRIORITY )); then
+    mkdir -p "$WORK/priority"
+    last=$(ls "$WORK/books" | sort | tail -n 1)
+    mv "$WORK/books/$last" "$WORK/priority/"
+fi
 
 # ---- workers under a restart loop ----------------------------------------------------------
 for n in $(seq "$WORKERS"); do
@@ -143,6 +167,14 @@ sleep 5
 START=$(date +%s)
 "$BIN" submit "$WORK/books" --format opus --json >"$WORK/jobs.jsonl"
 say "submitted $(wc -l <"$WORK/jobs.jsonl") books ($(jq -s 'map(.segments) | add' "$WORK/jobs.jsonl") segments), $WORKERS workers, engine $ENGINE, seed $SEED"
+PRIORITY_JOB="" PRIORITY_PID=""
+if (( PRIORITY )); then
+    (
+        sleep 60
+        "$BIN" submit "$WORK/priority" --format opus --priority 1 --json >"$WORK/priority.jsonl"
+    ) &
+    PRIORITY_PID=$!
+fi
 
 # ---- faults -----------------------------------------------------------------------------
 : >"$WORK/faults.tsv"
@@ -173,9 +205,17 @@ while (( $(date +%s) < DEADLINE )); do
     sleep 5
 done
 FINISH=$(date +%s)
+if [[ -n "$PRIORITY_PID" ]]; then
+    wait "$PRIORITY_PID" || say "the priority book's submit failed"
+    cat "$WORK/priority.jsonl" >>"$WORK/jobs.jsonl"
+    PRIORITY_JOB=$(jq -r .job_id "$WORK/priority.jsonl")
+fi
 
 # ---- checks and the table -------------------------------------------------------------------
 jobs_total=0 jobs_done=0 lost=0 duplicated=0 stuck=0 left=0
+# Segments dead-lettered or given up: every segment of these books is healthy, so any is a
+# failure the faults caused.
+failed_segments=$(sql "SELECT count(*) FROM segments WHERE state = 'failed'")
 while read -r line; do
     job=$(jq -r .job_id <<<"$line")
     jobs_total=$((jobs_total + 1))
@@ -207,6 +247,16 @@ while IFS=$'\t' read -r kind t0 t1; do
     fi
 done <"$WORK/faults.tsv"
 restarts=$(cat "$WORK"/worker-*.exits 2>/dev/null | wc -l)
+priority_line=""
+if [[ -n "$PRIORITY_JOB" ]]; then
+    priority_line=$(sql "WITH f AS (SELECT id, extract(epoch FROM finished_at - to_timestamp($START))::int AS t FROM jobs)
+        SELECT format('The priority book (submitted at 60 s, %s segments) finished at %s s; the other books from %s s to %s s (median %s s), %s of them after it.',
+            (SELECT segments_total FROM jobs WHERE id = '$PRIORITY_JOB'),
+            (SELECT t FROM f WHERE id = '$PRIORITY_JOB'),
+            min(t), max(t), percentile_disc(0.5) WITHIN GROUP (ORDER BY t),
+            count(*) FILTER (WHERE t > (SELECT t FROM f WHERE id = '$PRIORITY_JOB')))
+        FROM f WHERE id <> '$PRIORITY_JOB'")
+fi
 
 {
     echo "## Chaos run $(date -u +%Y-%m-%dT%H:%MZ): $MINUTES min of faults, $BOOKS books, $WORKERS workers, engine $ENGINE, seed $SEED"
@@ -217,9 +267,10 @@ restarts=$(cat "$WORK"/worker-*.exits 2>/dev/null | wc -l)
         echo "| $k | $(grep -c "^$k" "$WORK/faults.tsv" || true) |"
     done
     echo
-    echo "| jobs | done | segments lost | duplicated | stuck | intermediates left | longest recovery | worker restarts | wall |"
-    echo "|---|---|---|---|---|---|---|---|---|"
-    echo "| $jobs_total | $jobs_done | $lost | $duplicated | $stuck | $left | ${longest} s | $restarts | $(( FINISH - START )) s |"
+    echo "| jobs | done | segments lost | duplicated | stuck | segments failed | intermediates left | longest recovery | worker restarts | wall |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    echo "| $jobs_total | $jobs_done | $lost | $duplicated | $stuck | $failed_segments | $left | ${longest} s | $restarts | $(( FINISH - START )) s |"
+    [[ -z "$priority_line" ]] || { echo; echo "$priority_line"; }
 } | tee "$OUT/chaos-table.md"
 cp "$WORK/faults.tsv" "$OUT/faults.tsv" 2>/dev/null || true
-(( lost == 0 && duplicated == 0 && stuck == 0 && jobs_done == jobs_total ))
+(( lost == 0 && duplicated == 0 && stuck == 0 && failed_segments == 0 && jobs_done == jobs_total ))
