@@ -914,14 +914,16 @@ fn each_job_runs_at_its_own_submitted_speed_on_a_worker_that_batches_them_togeth
     let mut w = World::new();
     let book = w.book("rate.md", &book_text(1, 6, None));
     // Both jobs queued before the worker starts: its batches hold segments of both.
-    let normal = w.submit(&book, &["--format", "wav"]);
-    let fast = w.submit(&book, &["--format", "wav", "--speed", "1.5"]);
-    assert_ne!(normal, fast, "the rate is part of the job's identity");
-    w.worker(
-        "rates",
-        &["--max-batch", "12", "--noise-w", "0", "--noise-scale", "0"],
-        &[],
+    // Deterministic durations (noise 0), recorded with each job: its workers synthesize
+    // with the scales the job names.
+    let still = ["--noise-w", "0", "--noise-scale", "0"];
+    let normal = w.submit(&book, &[&["--format", "wav"][..], &still].concat());
+    let fast = w.submit(
+        &book,
+        &[&["--format", "wav", "--speed", "1.5"][..], &still].concat(),
     );
+    assert_ne!(normal, fast, "the rate is part of the job's identity");
+    w.worker("rates", &["--max-batch", "12"], &[]);
     let speech = |job| {
         w.wait_state(job, JobState::Done, Duration::from_secs(240));
         let m = w.manifest(job);
@@ -979,21 +981,20 @@ fn a_book_made_by_workers_is_timed_like_the_same_book_made_by_run() {
         serde_json::from_slice(&std::fs::read(embedded.join("timings.json")).expect("timings"))
             .expect("json");
 
-    let mut args = vec!["--max-batch", "4"];
-    args.extend(deterministic);
-    w.worker("t1", &args, &[]);
-    w.worker("t2", &deterministic, &[]);
-    let job = w.submit(
-        &book,
-        &[
-            "--format",
-            "epub3",
-            "--epub-overlay",
-            "word",
-            "--subtitles",
-            "srt",
-        ],
-    );
+    // The job records its scales and the workers synthesize with them: their own noise
+    // flags (the voice's defaults here) do not change its audio.
+    w.worker("t1", &["--max-batch", "4"], &[]);
+    w.worker("t2", &[], &[]);
+    let mut submit = vec![
+        "--format",
+        "epub3",
+        "--epub-overlay",
+        "word",
+        "--subtitles",
+        "srt",
+    ];
+    submit.extend(deterministic);
+    let job = w.submit(&book, &submit);
     w.wait_state(job, JobState::Done, Duration::from_secs(240));
     let st = w.status(job);
     let epub = w.tmp.path().join("distributed.epub");

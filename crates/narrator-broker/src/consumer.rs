@@ -547,6 +547,8 @@ impl Consumer {
                 out.push(Delivery {
                     job_id: m.job_id,
                     segment: m.segment,
+                    // A message carries no scales: the worker reads its job's.
+                    scales: None,
                     attempt,
                     enqueued_at_ms: Some(m.enqueued_at_ms),
                     lane,

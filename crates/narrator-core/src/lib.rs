@@ -34,6 +34,30 @@ pub enum PauseAfter {
     None,
 }
 
+/// Inference scales (a VITS voice's `scales` input: noise, length, noise_w; Kokoro runs at
+/// the speaking rate `1 / length`). Part of a job's identity: a job's segments are
+/// synthesized with the scales its identity was hashed with (see [`Delivery::scales`]).
+/// `narrator_engine::ScaleOverrides::resolve` makes them from a voice's defaults and the
+/// settings a user chose.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Scales {
+    /// Noise added to the prior (expressiveness); 0 makes output deterministic.
+    pub noise: f32,
+    /// Speaking rate: larger is slower.
+    pub length: f32,
+    /// Noise of the duration predictor; 0 makes durations deterministic.
+    pub noise_w: f32,
+}
+
+impl Scales {
+    /// Scales that make synthesis deterministic (used to compare batched and single runs).
+    pub const DETERMINISTIC: Scales = Scales {
+        noise: 0.0,
+        length: 1.0,
+        noise_w: 0.0,
+    };
+}
+
 /// The unit of work: a bounded piece of text (one sentence, or part of a long one) that
 /// carries everything a worker needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

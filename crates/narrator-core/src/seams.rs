@@ -204,6 +204,12 @@ pub struct Delivery<T> {
     pub job_id: String,
     /// The segment.
     pub segment: crate::Segment,
+    /// The scales its job's identity was hashed with, where the job recorded them (a
+    /// worker reads them from the job's row, never from a message): the segment is
+    /// synthesized with exactly these, whatever the synthesizer was loaded with. `None`
+    /// (an embedded run, whose synthesizer was loaded with its identity's scales; a job
+    /// recorded without them): the synthesizer's own, at the segment's `speed`.
+    pub scales: Option<crate::Scales>,
     /// Delivery attempt, from 1.
     pub attempt: u32,
     /// When the producer enqueued it (Unix milliseconds), if the queue knows; queue-wait

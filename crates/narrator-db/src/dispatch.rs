@@ -52,7 +52,7 @@ pub struct FleetShare {
 
 impl FleetShare {
     /// Segments one of the voice's normal-lane jobs keeps published: the voice's queue
-    /// depth ([`DEPTH_PER_PREFETCH`] × the fleet's prefetch) shared by the lane's running
+    /// depth (twice the fleet's prefetch) shared by the lane's running
     /// jobs, at least [`MIN_DISPATCH_WINDOW`].
     pub fn window(&self) -> u32 {
         self.lane_window(self.active_jobs)
@@ -269,7 +269,7 @@ pub async fn claim_dispatch(
         .fetch_all(&mut *conn)
         .await?
         .iter()
-        .map(crate::cluster::segment_row)
+        .map(crate::segments::segment_row)
         .collect::<Result<Vec<_>, _>>()?
     } else {
         Vec::new()

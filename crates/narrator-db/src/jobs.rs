@@ -13,8 +13,8 @@ use sqlx::types::Json;
 use sqlx::{PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
-use crate::cluster::JobSettings;
 use crate::error::{DbError, int4, unsigned};
+use crate::stored_job::JobSettings;
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -14,42 +14,54 @@
 //! The views `job_status`, `segment_figures` and `worker_recent` are documented in the
 //! migration that creates them; they are what a user queries with plain SQL.
 
+mod assembly;
 mod bench;
 mod calibrations;
-mod cluster;
+mod deliveries;
 mod dispatch;
 mod error;
+mod gauges;
 mod jobs;
 mod prune;
+mod rescue;
+mod retry;
 mod segments;
 mod store;
+mod stored_job;
 mod workers;
 
+pub use assembly::{
+    Output, assembly_attempts, claim_assembly_for, finish_with_outputs, job_outputs,
+    postpone_assembly, take_over_assemblies,
+};
 pub use bench::{BenchRow, StoredBench, bench_table_exists, fleet_bench, record_bench};
 pub use calibrations::{StoredCalibration, list_calibrations, put_calibration};
-pub use cluster::{
-    DeliveryHistory, DeliveryKey, GAUGE_FINISHED_WITHIN, JobSettings, LossLook, Output, Rescue,
-    RetryOutcome, SegmentCheck, StoredJob, VoiceGauges, VoiceOutstanding, abandoned_jobs,
-    assembly_attempts, cancelled_unreleased, check_deliveries, check_segment, check_segments,
-    claim_assembly_for, cluster_id, fail_settled_jobs, finish_with_outputs, job_outputs, job_route,
-    job_trace, load_job, mark_in_engine, postpone_assembly, rescue_lost_segments, retry_job,
-    storage_released, take_over_assemblies, voice_gauges, voice_outstanding,
+pub use deliveries::{
+    DeliveryHistory, DeliveryKey, SegmentCheck, abandoned_jobs, check_deliveries, check_segment,
+    check_segments, mark_in_engine,
 };
 pub use dispatch::{
     ClaimLimits, Claimed, FleetShare, MIN_DISPATCH_WINDOW, claim_dispatch, dispatch_candidates,
     fleet_shares,
 };
 pub use error::DbError;
+pub use gauges::{GAUGE_FINISHED_WITHIN, VoiceGauges, voice_gauges};
 pub use jobs::{
     ChapterProgress, JobState, JobStatus, JobSummary, cancel_job, claim_assembly, create_job,
     create_job_with, fail_job, finish_job, job_state, job_status, list_jobs,
 };
-pub use prune::{PrunableJob, claim_prune, delete_ended_job, prunable_jobs};
+pub use prune::{
+    PrunableJob, cancelled_unreleased, claim_prune, delete_ended_job, prunable_jobs,
+    storage_released,
+};
+pub use rescue::{LossLook, Rescue, VoiceOutstanding, rescue_lost_segments, voice_outstanding};
+pub use retry::{RetryOutcome, fail_settled_jobs, retry_job};
 pub use segments::{
     RecordOutcome, RecordsOutcome, fail_segment, finished_segments, mark_published, record_segment,
     record_segments,
 };
 pub use store::PgStateStore;
+pub use stored_job::{JobSettings, StoredJob, job_route, job_trace, load_job};
 pub use workers::{
     WorkerInfo, WorkerStatus, forget_workers, heartbeat, list_workers, served_voices,
 };
@@ -144,6 +156,18 @@ pub async fn schema_ready(pool: &PgPool) -> Result<bool, DbError> {
             .fetch_all(pool)
             .await?;
     Ok(MIGRATIONS.iter().all(|m| applied.contains(&m.0)))
+}
+
+/// The cluster id `narrator migrate` made for this database; every segment message
+/// carries it, so a worker can tell a message of another cluster from its own.
+pub async fn cluster_id(exec: impl sqlx::PgExecutor<'_>) -> Result<Uuid, DbError> {
+    sqlx::query_scalar("SELECT id FROM cluster")
+        .fetch_optional(exec)
+        .await?
+        .ok_or(DbError::Corrupt {
+            column: "cluster.id",
+            value: "no row (run `narrator migrate`)".into(),
+        })
 }
 
 /// Seconds of a `Duration` as a bind for `make_interval(secs => $n)`.

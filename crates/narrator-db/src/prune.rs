@@ -1,6 +1,10 @@
 //! Pruning finished jobs (`narrator jobs prune`): their rows (the job, its segments and
 //! resources) leave the database, so that what the database holds, and what its periodic
 //! work reads, does not grow with every book ever made.
+//!
+//! Also the release of a cancelled job's objects in the store, which a worker's sweep
+//! does once the work in flight on it is over ([`cancelled_unreleased`], then
+//! [`storage_released`]); its rows stay until it is pruned.
 
 use std::time::Duration;
 
@@ -93,4 +97,32 @@ pub async fn delete_ended_job(exec: impl PgExecutor<'_>, job: Uuid) -> Result<bo
     .await?
     .rows_affected();
     Ok(n > 0)
+}
+
+/// Cancelled jobs whose objects are still in the store, cancelled more than `grace`
+/// ago (work in flight on them when they were cancelled is over), oldest first, at most
+/// `limit`. Delete their objects, then [`storage_released`].
+pub async fn cancelled_unreleased(
+    exec: impl PgExecutor<'_>,
+    grace: Duration,
+    limit: i64,
+) -> Result<Vec<Uuid>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE state = 'cancelled' AND storage_released_at IS NULL \
+           AND finished_at < now() - make_interval(secs => $1) \
+         ORDER BY finished_at LIMIT $2",
+    )
+    .bind(secs(grace))
+    .bind(limit)
+    .fetch_all(exec)
+    .await?)
+}
+
+/// Records that a cancelled job's objects were deleted.
+pub async fn storage_released(exec: impl PgExecutor<'_>, job: Uuid) -> Result<(), DbError> {
+    sqlx::query("UPDATE jobs SET storage_released_at = now() WHERE id = $1")
+        .bind(job)
+        .execute(exec)
+        .await?;
+    Ok(())
 }

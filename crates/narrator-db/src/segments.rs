@@ -1,17 +1,20 @@
 //! Segments: recording finished ones exactly once, failed ones, reading the finished
-//! records back, and the outbox (which segments the broker has confirmed).
+//! records back, the outbox (which segments the broker has confirmed), and a plan's
+//! segment rebuilt from its row (`segment_row`, for the dispatch, the rescue, the retry
+//! and the assembler's plan).
 //!
 //! [`record_segment`] is one statement: a data-modifying CTE updates the segment only if
 //! it is not done yet and its job has not ended and, only when it did, adds it to the
 //! job's counters. Under concurrent redelivery the second caller waits on the segment's
 //! row lock, re-checks `state <> 'done'` against the committed row, and changes nothing.
 
-use narrator_core::SegmentRecord;
+use narrator_core::{Segment, SegmentRecord};
 use sqlx::postgres::PgRow;
 use sqlx::{PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
 use crate::error::{DbError, int4, int8, unsigned};
+use crate::jobs::parse_pause;
 
 /// What recording a segment did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,49 +85,127 @@ pub async fn record_segments(
     // the common case.
     records.sort_by_key(|r| r.index);
     records.dedup_by_key(|r| r.index);
-    let col = |f: &dyn Fn(&SegmentRecord) -> Result<i32, DbError>| {
-        records
+    let columns = RecordColumns::of(&records)?;
+    let row = run_record(pool, job, &columns).await?;
+    let idx = &columns.idx;
+    let known: i64 = row.try_get("known")?;
+    if known < idx.len() as i64 {
+        // The statement changed nothing (it updates only when every index exists).
+        let mut missing = idx.clone();
+        let present: Vec<i32> =
+            sqlx::query_scalar("SELECT idx FROM segments WHERE job_id = $1 AND idx = ANY($2)")
+                .bind(job)
+                .bind(idx)
+                .fetch_all(pool)
+                .await?;
+        missing.retain(|i| !present.contains(i));
+        return Err(DbError::SegmentNotFound {
+            job,
+            index: missing.first().map_or(0, |&i| i as u32),
+        });
+    }
+    let newly: i64 = row.try_get("newly")?;
+    let recorded: Vec<i32> = row.try_get("recorded")?;
+    let complete_now: Option<bool> = row.try_get("complete_now")?;
+    let complete_before: Option<bool> = row.try_get("complete_before")?;
+    let job_ended = row.try_get::<Option<bool>, _>("ended")?.unwrap_or(false);
+    Ok(RecordsOutcome {
+        newly_done: newly.max(0) as u64,
+        recorded: recorded.into_iter().map(|i| i.max(0) as u32).collect(),
+        job_complete: !job_ended && complete_now.or(complete_before).unwrap_or(false),
+        job_ended,
+    })
+}
+
+/// A batch of records as the columns [`run_record`] binds: one element per record, in
+/// the batch's order.
+struct RecordColumns<'a> {
+    idx: Vec<i32>,
+    samples: Vec<i64>,
+    rate: Vec<i32>,
+    audio: Vec<f64>,
+    inference: Vec<f64>,
+    wait: Vec<f64>,
+    batch: Vec<i32>,
+    attempts: Vec<i32>,
+    worker: Vec<&'a str>,
+    ids: Vec<i32>,
+    pack_key: Vec<Option<&'a str>>,
+    pack_offset: Vec<Option<i64>>,
+    pack_len: Vec<Option<i64>>,
+    words: Vec<Option<String>>,
+}
+
+impl<'a> RecordColumns<'a> {
+    /// The columns of `records`; a figure out of its column's range is refused.
+    fn of(records: &[&'a SegmentRecord]) -> Result<Self, DbError> {
+        let col = |f: &dyn Fn(&SegmentRecord) -> Result<i32, DbError>| {
+            records
+                .iter()
+                .map(|r| f(r))
+                .collect::<Result<Vec<i32>, DbError>>()
+        };
+        let idx = col(&|r| int4("segment index", r.index))?;
+        let rate = col(&|r| int4("sample rate", r.sample_rate))?;
+        let batch = col(&|r| int4("batch size", r.batch_size))?;
+        let attempts = col(&|r| int4("attempts", r.attempts))?;
+        let ids = col(&|r| int4("phoneme ids", r.phoneme_ids))?;
+        let samples = records
             .iter()
-            .map(|r| f(r))
-            .collect::<Result<Vec<i32>, DbError>>()
-    };
-    let idx = col(&|r| int4("segment index", r.index))?;
-    let rate = col(&|r| int4("sample rate", r.sample_rate))?;
-    let batch = col(&|r| int4("batch size", r.batch_size))?;
-    let attempts = col(&|r| int4("attempts", r.attempts))?;
-    let ids = col(&|r| int4("phoneme ids", r.phoneme_ids))?;
-    let samples = records
-        .iter()
-        .map(|r| int8("samples", r.samples))
-        .collect::<Result<Vec<i64>, DbError>>()?;
-    let f64s = |f: fn(&SegmentRecord) -> f64| records.iter().map(|r| f(r)).collect::<Vec<f64>>();
-    let worker: Vec<&str> = records.iter().map(|r| r.worker.as_str()).collect();
-    let pack_key: Vec<Option<&str>> = records
-        .iter()
-        .map(|r| r.packed.as_ref().map(|p| p.key.as_str()))
-        .collect();
-    let pack_pos = |f: fn(&narrator_core::PackedAt) -> u64, what| {
-        records
+            .map(|r| int8("samples", r.samples))
+            .collect::<Result<Vec<i64>, DbError>>()?;
+        let f64s =
+            |f: fn(&SegmentRecord) -> f64| records.iter().map(|r| f(r)).collect::<Vec<f64>>();
+        let worker: Vec<&str> = records.iter().map(|r| r.worker.as_str()).collect();
+        let pack_key: Vec<Option<&str>> = records
             .iter()
-            .map(|r| r.packed.as_ref().map(|p| int8(what, f(p))).transpose())
-            .collect::<Result<Vec<Option<i64>>, DbError>>()
-    };
-    // Word timings as JSON text (a jsonb column; `NULL` where the engine gave none).
-    let words: Vec<Option<String>> = records
-        .iter()
-        .map(|r| {
-            (!r.words.is_empty())
-                .then(|| serde_json::to_string(&r.words).ok())
-                .flatten()
+            .map(|r| r.packed.as_ref().map(|p| p.key.as_str()))
+            .collect();
+        let pack_pos = |f: fn(&narrator_core::PackedAt) -> u64, what| {
+            records
+                .iter()
+                .map(|r| r.packed.as_ref().map(|p| int8(what, f(p))).transpose())
+                .collect::<Result<Vec<Option<i64>>, DbError>>()
+        };
+        // Word timings as JSON text (a jsonb column; `NULL` where the engine gave none).
+        let words: Vec<Option<String>> = records
+            .iter()
+            .map(|r| {
+                (!r.words.is_empty())
+                    .then(|| serde_json::to_string(&r.words).ok())
+                    .flatten()
+            })
+            .collect();
+        let pack_offset = pack_pos(|p| p.offset, "pack offset")?;
+        let pack_len = pack_pos(|p| p.len, "pack length")?;
+        let (audio, inference, wait) = (
+            f64s(|r| r.audio_seconds),
+            f64s(|r| r.inference_seconds),
+            f64s(|r| r.queue_wait_seconds),
+        );
+        Ok(Self {
+            idx,
+            samples,
+            rate,
+            audio,
+            inference,
+            wait,
+            batch,
+            attempts,
+            worker,
+            ids,
+            pack_key,
+            pack_offset,
+            pack_len,
+            words,
         })
-        .collect();
-    let pack_offset = pack_pos(|p| p.offset, "pack offset")?;
-    let pack_len = pack_pos(|p| p.len, "pack length")?;
-    let (audio, inference, wait) = (
-        f64s(|r| r.audio_seconds),
-        f64s(|r| r.inference_seconds),
-        f64s(|r| r.queue_wait_seconds),
-    );
+    }
+}
+
+/// [`record_segments`]' statement, run again should Postgres roll it back on a deadlock
+/// (at most 3 times): one row with what it recorded, whether the job is complete or has
+/// ended, and how many of the indices the job has.
+async fn run_record(pool: &PgPool, job: Uuid, c: &RecordColumns<'_>) -> Result<PgRow, DbError> {
     // The segments are found by joining the input, materialized with the job id as one of
     // its columns, on the primary key: the planner then probes (job_id, idx) per record.
     // Given `job_id = $1` to see, it may instead read all of the job's segments and
@@ -186,20 +267,20 @@ pub async fn record_segments(
                (SELECT n FROM known) AS known, (SELECT yes FROM ended) AS ended",
         )
         .bind(job)
-        .bind(&idx)
-        .bind(&samples)
-        .bind(&rate)
-        .bind(&audio)
-        .bind(&inference)
-        .bind(&wait)
-        .bind(&batch)
-        .bind(&attempts)
-        .bind(&worker)
-        .bind(&ids)
-        .bind(&pack_key)
-        .bind(&pack_offset)
-        .bind(&pack_len)
-        .bind(&words);
+        .bind(&c.idx)
+        .bind(&c.samples)
+        .bind(&c.rate)
+        .bind(&c.audio)
+        .bind(&c.inference)
+        .bind(&c.wait)
+        .bind(&c.batch)
+        .bind(&c.attempts)
+        .bind(&c.worker)
+        .bind(&c.ids)
+        .bind(&c.pack_key)
+        .bind(&c.pack_offset)
+        .bind(&c.pack_len)
+        .bind(&c.words);
         match q.fetch_one(pool).await {
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(DEADLOCK) && tries < 3 => {
                 tries += 1;
@@ -207,33 +288,7 @@ pub async fn record_segments(
             r => break r.map_err(|e| DbError::on_job(job, e))?,
         }
     };
-    let known: i64 = row.try_get("known")?;
-    if known < idx.len() as i64 {
-        // The statement changed nothing (it updates only when every index exists).
-        let mut missing = idx.clone();
-        let present: Vec<i32> =
-            sqlx::query_scalar("SELECT idx FROM segments WHERE job_id = $1 AND idx = ANY($2)")
-                .bind(job)
-                .bind(&idx)
-                .fetch_all(pool)
-                .await?;
-        missing.retain(|i| !present.contains(i));
-        return Err(DbError::SegmentNotFound {
-            job,
-            index: missing.first().map_or(0, |&i| i as u32),
-        });
-    }
-    let newly: i64 = row.try_get("newly")?;
-    let recorded: Vec<i32> = row.try_get("recorded")?;
-    let complete_now: Option<bool> = row.try_get("complete_now")?;
-    let complete_before: Option<bool> = row.try_get("complete_before")?;
-    let job_ended = row.try_get::<Option<bool>, _>("ended")?.unwrap_or(false);
-    Ok(RecordsOutcome {
-        newly_done: newly.max(0) as u64,
-        recorded: recorded.into_iter().map(|i| i.max(0) as u32).collect(),
-        job_complete: !job_ended && complete_now.or(complete_before).unwrap_or(false),
-        job_ended,
-    })
+    Ok(row)
 }
 
 /// Records that a segment failed for good (dead-lettered); a segment already done stays
@@ -294,6 +349,20 @@ fn record(row: &PgRow) -> Result<SegmentRecord, DbError> {
                 value: json.chars().take(80).collect(),
             })?,
         },
+    })
+}
+
+/// A segment from a row with `idx, chapter, text, pause_after, speaker`.
+pub(crate) fn segment_row(r: &PgRow) -> Result<Segment, DbError> {
+    let pause: String = r.try_get("pause_after")?;
+    Ok(Segment {
+        index: unsigned("idx", i64::from(r.try_get::<i32, _>("idx")?))?,
+        chapter: unsigned("chapter", i64::from(r.try_get::<i32, _>("chapter")?))?,
+        text: r.try_get("text")?,
+        pause_after: parse_pause(&pause)?,
+        speaker: unsigned("speaker", i64::from(r.try_get::<i32, _>("speaker")?))?,
+        speed: None,
+        timed: false,
     })
 }
 

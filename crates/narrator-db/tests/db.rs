@@ -941,6 +941,11 @@ async fn a_job_is_created_with_its_settings_and_trace_in_one_call() {
         chapter_files: true,
         subtitles: vec!["srt".into(), "vtt".into()],
         speed: Some(1.5),
+        scales: Some(narrator_core::Scales {
+            noise: 0.3,
+            length: 0.8,
+            noise_w: 0.4,
+        }),
         epub3: Some("word".into()),
     };
     let trace = narrator_core::TraceContext {
@@ -953,6 +958,26 @@ async fn a_job_is_created_with_its_settings_and_trace_in_one_call() {
     // Right after creation, with no other call: what a reconciler publishing it now reads.
     assert_eq!(load_job(&pool, job).await.expect("load").settings, settings);
     assert_eq!(job_trace(&pool, job).await.expect("trace"), Some(trace));
+    // A worker's delivery check reads the rate and the exact scales the job id was hashed
+    // with: its synthesizer runs the segment with them, whatever its own flags.
+    let key = narrator_db::DeliveryKey {
+        job,
+        index: 0,
+        returned: false,
+        content: None,
+    };
+    let seen = narrator_db::check_deliveries(
+        &pool,
+        &[key],
+        narrator_db::Uuid::new_v4(),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("check");
+    assert_eq!(
+        (seen[0].speed, seen[0].scales),
+        (settings.speed, settings.scales)
+    );
     // Without them: the defaults, no trace.
     let plain = create_job(&pool, &plan(1, 2), "wav", 0)
         .await

@@ -5,11 +5,63 @@
 //! the id map), what its runs accept ([`Capabilities`]: sample rate, how several
 //! utterances share a run, the longest input, whether speed is an input) and how to open
 //! a session ([`Family::open`]). The pipeline, batcher, planner, worker and assembler read
-//! only this; [`crate::voice::Voice::find`] is the one place that names every family.
+//! only this; which family a voice is of is a type, [`FamilyKind`], that the voice itself
+//! says ([`Family::kind`]). [`crate::voice`] is the one place that names every family.
 
 use std::path::PathBuf;
 
 use crate::{Backend, EngineError, Scales, SessionOptions, runtime::Runtime};
+
+/// Phonemes per utterance before a cut at a word (VITS quality and memory degrade on very
+/// long inputs; Kokoro takes at most 510 ids and sounds rushed near that).
+pub const MAX_ITEM_PHONEMES: usize = 400;
+
+/// The model families narrator runs. Serialized (JSON outputs, metric labels, worker
+/// rows) as its lowercase name, `piper` or `kokoro`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum FamilyKind {
+    /// Piper (VITS) voices: one `NAME.onnx` + `NAME.onnx.json` pair per voice
+    /// ([`crate::piper`]).
+    Piper,
+    /// Kokoro-82M: one installation, `kokoro/`, of 54 voices and their blends
+    /// ([`crate::kokoro`]).
+    Kokoro,
+}
+
+impl FamilyKind {
+    /// Every family, in the order voices are listed.
+    pub const ALL: [FamilyKind; 2] = [FamilyKind::Piper, FamilyKind::Kokoro];
+
+    /// Its name: `piper`, `kokoro` (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FamilyKind::Piper => "piper",
+            FamilyKind::Kokoro => "kokoro",
+        }
+    }
+}
+
+impl std::fmt::Display for FamilyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `pad`: widths and alignment (`{:<7}`) apply, as to a string.
+        f.pad(self.as_str())
+    }
+}
+
+impl std::str::FromStr for FamilyKind {
+    type Err = String;
+
+    /// A family by its name, in any case.
+    fn from_str(s: &str) -> Result<Self, String> {
+        FamilyKind::ALL
+            .into_iter()
+            .find(|k| k.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown model family `{s}`: use piper or kokoro"))
+    }
+}
 
 /// How several utterances share one engine run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -44,8 +96,8 @@ pub struct Capabilities {
 /// What `narrator voices` shows of a voice.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct VoiceInfo {
-    /// The model family (`piper`, `kokoro`).
-    pub family: &'static str,
+    /// The model family (serialized `piper`, `kokoro`).
+    pub family: FamilyKind,
     /// Language code, e.g. `en_US`, `en-gb`.
     pub language: String,
     /// `female`, `male`, or empty when the voice does not say.
@@ -58,6 +110,8 @@ pub struct VoiceInfo {
 
 /// One installed voice of one model family.
 pub trait Family: Send + Sync + std::fmt::Debug {
+    /// Which family it is.
+    fn kind(&self) -> FamilyKind;
     /// What `narrator voices` lists.
     fn info(&self) -> VoiceInfo;
     /// What its runs accept.
@@ -77,7 +131,8 @@ pub trait Family: Send + Sync + std::fmt::Debug {
         &self,
         phonemes: &[String],
     ) -> (Vec<i64>, Vec<String>, Vec<Option<usize>>);
-    /// The inference scales it runs with by default.
+    /// The inference scales it runs with by default ([`crate::ScaleOverrides::resolve`]
+    /// applies a user's settings to them).
     fn default_scales(&self) -> Scales;
     /// The speaker id for `given` (a name or a number), or why it has none such.
     fn speaker_id(&self, voice: &str, given: &str) -> Result<u32, EngineError>;
@@ -102,4 +157,23 @@ pub trait Family: Send + Sync + std::fmt::Debug {
     /// The files `narrator voices remove` deletes (none where the voice shares its files
     /// with others of its family).
     fn own_files(&self) -> Vec<PathBuf>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_family_is_named_serialized_and_parsed_as_its_lowercase_name() {
+        for kind in FamilyKind::ALL {
+            let json = serde_json::to_value(kind).expect("serializes");
+            assert_eq!(json, serde_json::Value::from(kind.as_str()));
+            assert_eq!(serde_json::from_value::<FamilyKind>(json).ok(), Some(kind));
+            assert_eq!(kind.to_string(), kind.as_str());
+            assert_eq!(kind.as_str().to_uppercase().parse::<FamilyKind>(), Ok(kind));
+        }
+        assert_eq!(format!("[{:<7}]", FamilyKind::Piper), "[piper  ]");
+        let e = "vits".parse::<FamilyKind>().expect_err("unknown");
+        assert!(e.contains("piper or kokoro"), "{e}");
+    }
 }

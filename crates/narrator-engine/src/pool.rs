@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::Backend;
 use crate::family::Family;
-use crate::piper::SessionOptions;
+use crate::session::SessionOptions;
 use crate::{BatchOutput, Device, EngineError, Scales, runtime::Runtime};
 
 struct Job {

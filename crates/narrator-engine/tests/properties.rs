@@ -362,7 +362,8 @@ fn kokoro_voice_names_and_blends() {
             _ => false,
         };
         ensure(same, || format!("{spec} reads back as {again:?}"))?;
-        let _ = narrator_engine::family_of(&name);
+        // Finding it in a folder without voices fails in words, whatever the name.
+        let _ = narrator_engine::Voice::find(Path::new("/nonexistent/narrator-voices"), &name);
         Ok(())
     });
 }

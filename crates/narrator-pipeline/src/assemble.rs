@@ -34,6 +34,10 @@ use crate::PipelineError;
 pub struct AssembleOptions {
     /// Output format.
     pub format: AudioFormat,
+    /// The voice's output rate in Hz (its family's `Capabilities::sample_rate`: the
+    /// loaded voice's, or the rate its job's segments were recorded at): every output is
+    /// made at this rate, and a segment stored at another fails the assembly.
+    pub sample_rate: u32,
     /// Also one file per chapter (formats that support them): every sample is then
     /// encoded twice, once for its chapter's file and once for the book's.
     pub chapter_files: bool,
@@ -373,13 +377,13 @@ fn uploaded(
         .map_err(PipelineError::from)
 }
 
-/// The voice's rate (from the records) and the layout of every output.
+/// The voice's rate (the options') and the layout of every output.
 fn final_layout(
     plan: &JobPlan,
     records: &[SegmentRecord],
     opts: &AssembleOptions,
 ) -> (u32, Layout) {
-    let rate = records.first().map_or(22050, |r| r.sample_rate);
+    let rate = opts.sample_rate;
     let lay = layout(
         plan,
         records,
@@ -495,6 +499,15 @@ async fn encode_outputs<A: AudioStore + 'static>(
                 let waited = Instant::now();
                 let (audio, expected) = source.next(i).await?;
                 read_wait += waited.elapsed();
+                if audio.sample_rate != rate {
+                    return Err(PipelineError::Corrupt {
+                        index: i,
+                        reason: format!(
+                            "stored at {} Hz, and the voice's rate is {rate} Hz",
+                            audio.sample_rate
+                        ),
+                    });
+                }
                 if audio.samples.len() as u64 != expected {
                     return Err(PipelineError::Corrupt {
                         index: i,
@@ -613,7 +626,7 @@ async fn publish<A: AudioStore + 'static>(
         read_wait,
         mut upload_wait,
     } = encoded;
-    let rate = records.first().map_or(22050, |r| r.sample_rate);
+    let rate = opts.sample_rate;
     let secs = |n: u64| n as f64 / f64::from(rate);
     book.finish()?;
     let waiting = Instant::now();
@@ -997,10 +1010,7 @@ pub async fn encode_as_stored<A: AudioStore + 'static>(
         pack: None,
         taken: Vec::with_capacity(plan.segments.len()),
     };
-    // The voice's rate, from the first segment.
-    let first = source.record(0).await?;
-    let rate = first.sample_rate;
-    source.arrived.insert(0, first);
+    let rate = opts.sample_rate;
     let names = layout(
         plan,
         &[],
@@ -1217,6 +1227,96 @@ mod tests {
         assert_eq!(slug("  Hello, World!  ", 64), "hello-world");
         assert_eq!(slug("漢字", 64), "");
         assert!(slug(&"ab ".repeat(100), 10).len() <= 11);
+    }
+
+    /// A Kokoro book (voice `af_heart`) of one chapter of `segments` segments, its
+    /// local store and the options of a WAV assembly at `rate`.
+    fn kokoro_book(
+        dir: &Path,
+        segments: u32,
+        rate: u32,
+    ) -> (JobPlan, Arc<crate::LocalAudioStore>, AssembleOptions) {
+        let mut plan = plan();
+        plan.voice = "af_heart".into();
+        plan.segments.truncate(segments as usize);
+        for s in &mut plan.segments {
+            s.chapter = 0;
+        }
+        plan.chapters.truncate(1);
+        plan.chapters[0].segment_count = segments;
+        std::fs::create_dir_all(dir.join("out")).expect("outputs folder");
+        let store =
+            crate::LocalAudioStore::new(dir.join("segments"), dir.join("out")).expect("store");
+        let opts = AssembleOptions {
+            format: AudioFormat::Wav,
+            sample_rate: rate,
+            chapter_files: false,
+            pauses: Pauses::default(),
+            staging: dir.join("staging"),
+            subtitles: Vec::new(),
+            epub3: None,
+        };
+        (plan, Arc::new(store), opts)
+    }
+
+    /// The rate and the samples of a manifest's book file.
+    fn book_file(dir: &Path, m: &Manifest) -> (u32, Vec<i16>) {
+        let bytes = std::fs::read(dir.join("out").join(&m.book.file)).expect("book file");
+        narrator_audio::decode_wav_bytes(&bytes).expect("wav")
+    }
+
+    #[tokio::test]
+    async fn a_kokoro_books_assembly_at_24_khz_with_no_rate_recorded_still_assembles_at_24_khz() {
+        // No segment records a rate: the book is made at the loaded voice's rate (24 kHz
+        // for Kokoro), never at Piper's 22,050 Hz.
+        let dir = tempfile::tempdir().expect("tmp");
+        let (plan, store, opts) = kokoro_book(dir.path(), 0, 24_000);
+        let m = assemble(&plan, &[], &store, &opts, 0.0)
+            .await
+            .expect("assembles");
+        assert_eq!(m.sample_rate, 24_000);
+        assert_eq!(book_file(dir.path(), &m).0, 24_000);
+    }
+
+    #[tokio::test]
+    async fn a_kokoro_book_is_made_at_the_voices_rate_and_audio_at_another_rate_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (plan, store, opts) = kokoro_book(dir.path(), 2, 24_000);
+        let audio = SegmentAudio {
+            sample_rate: 24_000,
+            samples: vec![100; 2400],
+        };
+        let mut records = Vec::new();
+        for i in 0..2 {
+            store.put_segment("j", i, &audio).await.expect("put");
+            records.push(SegmentRecord {
+                sample_rate: 24_000,
+                ..rec(i, 2400)
+            });
+        }
+        let m = assemble(&plan, &records, &store, &opts, 0.0)
+            .await
+            .expect("assembles");
+        assert_eq!(m.sample_rate, 24_000);
+        let (rate, samples) = book_file(dir.path(), &m);
+        assert_eq!(rate, 24_000);
+        // Two segments and the paragraph pause between them, counted at 24 kHz.
+        let pause = Pauses::default().samples(PauseAfter::Paragraph, 24_000);
+        assert_eq!(samples.len(), 2 * 2400 + pause);
+        // Audio stored at another rate than the voice's is not spliced in.
+        let dir = tempfile::tempdir().expect("tmp");
+        let (plan, store, opts) = kokoro_book(dir.path(), 2, 24_000);
+        let piper = SegmentAudio {
+            sample_rate: 22_050,
+            ..audio
+        };
+        for i in 0..2 {
+            store.put_segment("j", i, &piper).await.expect("put");
+        }
+        let e = assemble(&plan, &records, &store, &opts, 0.0)
+            .await
+            .expect_err("another rate");
+        assert!(e.to_string().contains("22050 Hz"), "{e}");
     }
 
     /// A store whose reads take a while and that counts how many are in flight.

@@ -12,12 +12,15 @@
 pub mod assemble;
 pub mod batcher;
 pub mod bench;
+pub mod book;
 pub mod calibrate;
 pub mod epub3;
 mod flush;
+pub mod load;
 pub mod local;
 pub mod plan;
 pub mod queue;
+pub mod resume;
 pub mod runner;
 pub mod subtitles;
 pub mod synth;

@@ -111,6 +111,8 @@ impl SegmentQueue for InProcessQueue {
                     return Ok(Some(Delivery {
                         job_id: item.job_id.clone(),
                         segment: item.segment.clone(),
+                        // The embedded run's synthesizer was loaded with its job's scales.
+                        scales: None,
                         attempt: item.attempt,
                         enqueued_at_ms: None,
                         lane: 0,

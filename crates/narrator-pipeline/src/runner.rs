@@ -258,10 +258,15 @@ fn segment_span<T>(d: &Delivery<T>, voice: &str) -> tracing::Span {
 
 /// Counts a segment done (by voice and model family): its audio, its queue wait and its
 /// latency (enqueue to ack).
-fn count_done(voice: &str, record: &SegmentRecord, enqueued_at_ms: Option<u64>) {
+fn count_done(
+    (voice, family): (&str, narrator_engine::FamilyKind),
+    record: &SegmentRecord,
+    enqueued_at_ms: Option<u64>,
+) {
     use narrator_telemetry::metrics as m;
-    // The model family too, so dashboards can split a mixed fleet's work by family.
-    let family = narrator_engine::family_of(voice);
+    // The model family too (the loaded voice's), so dashboards can split a mixed fleet's
+    // work by family.
+    let family = family.as_str();
     let voice = voice.to_string();
     metrics::counter!(m::SEGMENTS_DONE, "voice" => voice.clone(), "family" => family).increment(1);
     metrics::histogram!(m::SEGMENT_AUDIO_SECONDS, "voice" => voice.clone(), "family" => family)
@@ -399,7 +404,7 @@ where
             Ok(record) => {
                 let enqueued_at_ms = d.enqueued_at_ms;
                 queue.ack(d.ticket).instrument(acks.clone()).await?;
-                count_done(voice, &record, enqueued_at_ms);
+                count_done((voice, stages.synth.family()), &record, enqueued_at_ms);
                 (stages.on_event)(Event::SegmentDone {
                     record: record.clone(),
                 });
@@ -505,6 +510,8 @@ where
                                     match prepared {
                                         Ok(mut p) => {
                                             p.span = span;
+                                            // At the scales its job recorded, if any.
+                                            p.scales = d.scales;
                                             Ok((p, d))
                                         }
                                         Err(e) if isolate => {

@@ -10,7 +10,8 @@ use narrator_core::{Segment, SegmentAudio};
 use std::sync::{Mutex, RwLock};
 
 use narrator_engine::{
-    Batching, Capabilities, Device, EngineError, EnginePool, Family, Scales, Voice,
+    Batching, Capabilities, Device, EngineError, EnginePool, Family, FamilyKind, ScaleOverrides,
+    Scales, Voice,
 };
 use narrator_phonemes::Phonemizer;
 
@@ -26,6 +27,10 @@ pub const MAX_PHONEMES: usize = narrator_engine::MAX_ITEM_PHONEMES;
 pub struct Prepared {
     /// The segment.
     pub segment: Segment,
+    /// The scales its job recorded ([`narrator_core::Delivery::scales`]: those its
+    /// identity was hashed with), which it runs with; `None`: see
+    /// [`Synthesizer::scales_for`].
+    pub scales: Option<Scales>,
     /// One id sequence per utterance (espeak sentence, capped in length).
     pub utterances: Vec<Vec<i64>>,
     /// Per utterance, per id: the index in `words` of the word it was made for (`None`:
@@ -318,6 +323,11 @@ impl Synthesizer {
         self.caps.sample_rate
     }
 
+    /// The voice's model family.
+    pub fn family(&self) -> FamilyKind {
+        self.family.kind()
+    }
+
     /// What the voice's family declares.
     pub fn capabilities(&self) -> Capabilities {
         self.caps
@@ -376,6 +386,7 @@ impl Synthesizer {
         }
         Ok(Prepared {
             segment,
+            scales: None,
             utterances,
             id_words,
             words: phonemized.words,
@@ -431,7 +442,7 @@ impl Synthesizer {
         let scales: Vec<Scales> = batch
             .iter()
             .flat_map(|p| {
-                let s = self.scales_for(&p.segment);
+                let s = self.scales_for(p);
                 p.utterances.iter().map(move |_| s)
             })
             .collect();
@@ -527,20 +538,27 @@ impl Synthesizer {
 }
 
 impl Synthesizer {
-    /// Runs every item in engine runs within `budget`; waves in input order, the
-    /// inference seconds, and the largest run.
-    /// The scales a segment runs with: the engine's, at the segment's own rate where its
-    /// job set one (`--speed` divides the voice's length scale, as on the command line).
-    pub fn scales_for(&self, segment: &Segment) -> Scales {
-        match segment.speed {
-            Some(speed) if speed > 0.0 => Scales {
-                length: self.family.default_scales().length / speed,
-                ..self.scales
-            },
-            _ => self.scales,
+    /// The scales a prepared segment runs with: those its job recorded (the scales its
+    /// identity was hashed with, [`Prepared::scales`]), whatever this synthesizer was
+    /// loaded with; else the synthesizer's own, at the segment's rate where its job set
+    /// one (`--speed` divides the voice's default length scale, as on the command line:
+    /// [`ScaleOverrides::resolve`]).
+    pub fn scales_for(&self, p: &Prepared) -> Scales {
+        if let Some(recorded) = p.scales {
+            return recorded;
         }
+        let own = self.scales;
+        ScaleOverrides {
+            speed: p.segment.speed,
+            length: Some(own.length),
+            noise: Some(own.noise),
+            noise_w: Some(own.noise_w),
+        }
+        .resolve(self.family.default_scales())
     }
 
+    /// Runs every item in engine runs within `budget`; waves in input order, the
+    /// inference seconds, and the largest run.
     async fn run_all(
         &self,
         items: &[&[i64]],

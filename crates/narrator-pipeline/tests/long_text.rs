@@ -107,6 +107,7 @@ async fn a_whole_book_assembles_into_twelve_chapters_with_every_segment_once() {
 
     let aopts = AssembleOptions {
         format: AudioFormat::Wav,
+        sample_rate: stages.synth.sample_rate(),
         chapter_files: true,
         pauses: Pauses::default(),
         staging: dir.path().join("staging"),
@@ -208,8 +209,10 @@ async fn a_book_encoded_during_its_synthesis_is_the_book_assembled_after_it() {
         max_requests: 8,
         max_wait: Duration::ZERO,
     });
+    let rate = stages.synth.sample_rate();
     let aopts = |out: &Path| AssembleOptions {
         format: AudioFormat::Mp3,
+        sample_rate: rate,
         chapter_files: true,
         pauses: Pauses::default(),
         staging: out.join("staging"),

@@ -41,6 +41,9 @@ pub struct Assembler {
     pub wedge: Arc<crate::liveness::Wedge>,
     /// The budget's floor ([`crate::liveness::assembly_budget`]).
     pub wedged_after: Duration,
+    /// The output rate of each voice this worker serves, as its loaded voice says: a job
+    /// with no segment recorded is made at its voice's.
+    pub rates: std::collections::HashMap<String, u32>,
 }
 
 /// Cancelled jobs whose objects one sweep deletes at most.
@@ -106,8 +109,24 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
                 format!("creating a staging folder for assembly: {e}"),
             )
         })?;
+    // The voice's rate: what its segments were recorded at (the audio there is), else,
+    // none being recorded, the loaded voice's where this worker serves it.
+    let sample_rate = records
+        .first()
+        .map(|r| r.sample_rate)
+        .or_else(|| a.rates.get(&stored.plan.voice).copied())
+        .ok_or_else(|| {
+            AssemblyFailure::new(
+                RetryClass::Permanent,
+                format!(
+                    "job {job} has no segment recorded and its voice {} is not served here: its rate is unknown",
+                    stored.plan.voice
+                ),
+            )
+        })?;
     let opts = AssembleOptions {
         format,
+        sample_rate,
         chapter_files: stored.settings.chapter_files,
         pauses: Pauses {
             sentence_ms: stored.settings.sentence_pause_ms,

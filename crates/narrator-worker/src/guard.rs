@@ -245,6 +245,10 @@ impl GuardedQueue {
                             timed: history.timed,
                             ..d.segment
                         },
+                        // The scales its job's identity was hashed with, as the job
+                        // recorded them (none for older jobs: the worker's own at the
+                        // job's rate).
+                        scales: history.scales,
                         attempt: d.attempt,
                         enqueued_at_ms: d.enqueued_at_ms,
                         lane: d.lane,

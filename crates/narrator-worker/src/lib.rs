@@ -31,6 +31,7 @@ pub mod outage;
 pub mod publish;
 pub mod reconciler;
 pub mod state;
+pub mod submit;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -45,6 +46,7 @@ use narrator_telemetry::serve::Health;
 use tokio::sync::{mpsc, watch};
 
 pub use publish::{dispatch, first_window, publish_segments};
+pub use submit::{Submission, Submitted, Submitter};
 
 /// One voice on one device, loaded and planned by the caller.
 pub struct VoiceEngine {
@@ -239,6 +241,12 @@ impl Worker {
             source: e,
         })?;
         let mut names: Vec<String> = Vec::new();
+        // Each served voice's output rate, as its loaded voice says: what the assembler
+        // makes its jobs' outputs at.
+        let rates: std::collections::HashMap<String, u32> = voices
+            .iter()
+            .map(|v| (v.voice.clone(), v.synth.sample_rate()))
+            .collect();
         for v in &voices {
             if !names.contains(&v.voice) {
                 narrator_broker::declare(&channel, &v.voice).await?;
@@ -397,6 +405,7 @@ impl Worker {
                 release_after: lease,
                 wedge: wedge.clone(),
                 wedged_after,
+                rates,
             },
             complete_rx,
             stop.clone(),

@@ -12,7 +12,6 @@ use narrator_pipeline::{BenchFigures, BenchOptions};
 use crate::cli::BenchArgs;
 use crate::cluster::fleet;
 use crate::engine::{self, Planning};
-use crate::paths::Paths;
 
 /// Largest batch of the default sweep on CPU, whatever the plan (so the knee shows).
 const CPU_SWEEP_TO: usize = 8;
@@ -151,7 +150,7 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
         return fleet::print_bench_table(args.database_url.as_deref(), args.json).await;
     }
     let plot = validate(&args)?;
-    let paths = Paths::resolve(global)?;
+    let paths = crate::paths::resolve(global)?;
     let voice = engine::find_voice(&paths, &args.engine)?;
     let planning = match args.engine.calibrate.as_deref() {
         Some(p) => p.parse()?,
@@ -162,7 +161,13 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
         (Some(url), false) => Some(fleet::bench_store(url).await?),
         _ => None,
     };
-    let loaded = engine::load(&paths, &args.engine, voice, planning)?;
+    let loaded = engine::load(
+        &paths,
+        &engine::options(&args.engine),
+        voice,
+        planning,
+        &Default::default(),
+    )?;
     let plan = loaded.plan_json();
     let (profile, runtime) = (loaded.profile, loaded.runtime);
     let synth = Arc::new(loaded.synth);
@@ -184,7 +189,7 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
     };
     eprintln!(
         "benchmarking {} on {device}: single requests, batches {:?}, then concurrency up to p95 {} s ({} s per point)",
-        args.engine.voice, opts.batches, opts.latency_target, opts.seconds
+        args.engine.voice.name, opts.batches, opts.latency_target, opts.seconds
     );
     let figures = narrator_pipeline::bench(synth.clone(), &opts)
         .await
@@ -198,7 +203,7 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
         o.insert("device".into(), device.to_string().into());
         o.insert("hardware".into(), hardware.clone().into());
         o.insert("host".into(), profile.host.clone().into());
-        o.insert("voice".into(), args.engine.voice.clone().into());
+        o.insert("voice".into(), args.engine.voice.name.clone().into());
         o.insert("runtime".into(), runtime.clone().into());
         o.insert("note".into(), note(&figures, &plan).into());
         o.insert("plan".into(), plan.clone());
@@ -214,7 +219,7 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
             path,
             kind,
             &figures,
-            &format!("{} — {}", hardware, args.engine.voice),
+            &format!("{} — {}", hardware, args.engine.voice.name),
         )?;
         eprintln!("plot written to {}", path.display());
     }
@@ -223,7 +228,7 @@ pub(crate) async fn bench(global: &crate::cli::Global, args: BenchArgs) -> anyho
             host: &profile.host,
             hardware,
             device: device.to_string(),
-            voice: &args.engine.voice,
+            voice: &args.engine.voice.name,
         };
         fleet::record_bench(&db, measured, &figures, report).await?;
     }

@@ -42,10 +42,9 @@ pub(crate) struct Global {
         long,
         env = "NARRATOR_ORT_BUILD",
         global = true,
-        value_enum,
         default_value = "auto"
     )]
-    pub(crate) ort_build: crate::gpu::OrtBuild,
+    pub(crate) ort_build: narrator_pipeline::load::OrtBuild,
     /// Folder of voices: Piper files and the Kokoro installation `kokoro/` (default:
     /// DATA_DIR/voices).
     #[arg(long, env = "NARRATOR_VOICES_DIR", global = true)]
@@ -78,13 +77,8 @@ pub(crate) struct Global {
 /// Inference settings.
 #[derive(Debug, Args, Clone)]
 pub(crate) struct EngineArgs {
-    /// Voice name (see `narrator voices`).
-    #[arg(long, env = "NARRATOR_VOICE", default_value = "en_US-joe-medium")]
-    pub(crate) voice: String,
-    /// Speaker of a multi-speaker voice: a name of its speaker_id_map or an id
-    /// (default: its first speaker).
-    #[arg(long, env = "NARRATOR_SPEAKER")]
-    pub(crate) speaker: Option<String>,
+    #[command(flatten)]
+    pub(crate) voice: VoiceArgs,
     /// Where to run: auto (CUDA when it can start, else the CPU: quietly on a machine
     /// without an NVIDIA GPU, with one warning where a GPU is present but unusable),
     /// cpu, cuda:N (fails in one line when CUDA cannot start).
@@ -130,6 +124,25 @@ pub(crate) struct EngineArgs {
     /// arena; slower still).
     #[arg(long, env = "NARRATOR_CPU_ARENA", default_value = "bounded")]
     pub(crate) cpu_arena: narrator_engine::CpuArena,
+}
+
+/// The voice and how it speaks: shared by every command that synthesizes (through
+/// [`EngineArgs`]) and `submit`, which records them with the job (every worker runs its
+/// segments with them, whatever its own flags).
+#[derive(Debug, Args, Clone)]
+pub(crate) struct VoiceArgs {
+    /// Voice name (see `narrator voices`).
+    #[arg(
+        id = "voice",
+        long = "voice",
+        env = "NARRATOR_VOICE",
+        default_value = "en_US-joe-medium"
+    )]
+    pub(crate) name: String,
+    /// Speaker of a multi-speaker voice: a name of its speaker_id_map or an id
+    /// (default: its first speaker).
+    #[arg(long, env = "NARRATOR_SPEAKER")]
+    pub(crate) speaker: Option<String>,
     /// Noise scale (default: the voice's). 0 makes output deterministic.
     #[arg(long)]
     pub(crate) noise_scale: Option<f32>,
@@ -143,6 +156,27 @@ pub(crate) struct EngineArgs {
     /// Duration noise (default: the voice's).
     #[arg(long)]
     pub(crate) noise_w: Option<f32>,
+}
+
+/// What a book is made into: shared by `run` and `submit`.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct OutputArgs {
+    /// Format: wav, opus, mp3, m4b (one file with chapters, tags and cover), or epub3 (a
+    /// read-along EPUB 3 with MP3 audio per chapter, plus the book's MP3 and chapter files).
+    #[arg(long, default_value = "opus")]
+    pub(crate) format: String,
+    /// Also one file per chapter beside the whole book, which always carries the chapter
+    /// marks (not for m4b). Costs a second encoding of every sample.
+    #[arg(long)]
+    pub(crate) chapter_files: bool,
+    /// Subtitles beside the book file (and each chapter file): `srt`, `vtt` or both
+    /// (`srt,vtt`). One cue per sentence, split at words where it is long.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) subtitles: Vec<String>,
+    /// With `--format epub3`: the read-along's overlays, `sentence` (each sentence
+    /// highlighted as it is read) or `word` (each word, from the model's timings).
+    #[arg(long, default_value = "sentence", value_parser = parse_overlay)]
+    pub(crate) epub_overlay: narrator_pipeline::epub3::Overlay,
 }
 
 /// Pauses and input limits.
@@ -348,33 +382,10 @@ pub(crate) struct SubmitArgs {
     /// Books (.txt, .md, .epub) or folders of them (searched recursively).
     #[arg(required = true)]
     pub(crate) inputs: Vec<PathBuf>,
-    /// Voice name (see `narrator voices`).
-    #[arg(long, env = "NARRATOR_VOICE", default_value = "en_US-joe-medium")]
-    pub(crate) voice: String,
-    /// Speaker of a multi-speaker voice: a name of its speaker_id_map or an id
-    /// (default: its first speaker).
-    #[arg(long, env = "NARRATOR_SPEAKER")]
-    pub(crate) speaker: Option<String>,
-    /// Format of the outputs: wav, opus, mp3, m4b, or epub3 (a read-along EPUB 3 with
-    /// MP3 audio per chapter, plus the book's MP3 and chapter files).
-    #[arg(long, default_value = "opus")]
-    pub(crate) format: String,
-    /// Also one file per chapter beside the whole book (not for m4b). Costs a second
-    /// encoding of every sample on the assembling worker.
-    #[arg(long)]
-    pub(crate) chapter_files: bool,
-    /// Subtitles beside the book file (and each chapter file): `srt`, `vtt` or both
-    /// (`srt,vtt`), written by the assembling worker.
-    #[arg(long, value_delimiter = ',')]
-    pub(crate) subtitles: Vec<String>,
-    /// With `--format epub3`: the read-along's overlays, `sentence` (each sentence
-    /// highlighted as it is read) or `word` (each word, from the model's timings).
-    #[arg(long, default_value = "sentence", value_parser = parse_overlay)]
-    pub(crate) epub_overlay: narrator_pipeline::epub3::Overlay,
-    /// Speaking rate, 0.5 to 2.0: 1.25 speaks 25 % faster (both families). Recorded with
-    /// the job: every worker runs its segments at this rate, whatever its own flags.
-    #[arg(long, value_parser = parse_speed)]
-    pub(crate) speed: Option<f32>,
+    #[command(flatten)]
+    pub(crate) voice: VoiceArgs,
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
     /// Priority: above 0 puts the job's segments in its voice's high lane, which workers
     /// serve first; 0 or below, the normal lane. Recorded with the job (`narrator jobs`).
     #[arg(long, default_value_t = 0)]
@@ -558,22 +569,8 @@ pub(crate) struct RunArgs {
     /// Output folder (created if missing).
     #[arg(long, short)]
     pub(crate) out: PathBuf,
-    /// Format: wav, opus, mp3, m4b (one file with chapters, tags and cover), or epub3 (a
-    /// read-along EPUB 3 with MP3 audio per chapter, plus the book's MP3 and chapter files).
-    #[arg(long, default_value = "opus")]
-    pub(crate) format: String,
-    /// Also one file per chapter beside the whole book, which always carries the chapter
-    /// marks (not for m4b). Costs a second encoding of every sample.
-    #[arg(long)]
-    pub(crate) chapter_files: bool,
-    /// Subtitles beside the book file (and each chapter file): `srt`, `vtt` or both
-    /// (`srt,vtt`). One cue per sentence, split at words where it is long.
-    #[arg(long, value_delimiter = ',')]
-    pub(crate) subtitles: Vec<String>,
-    /// With `--format epub3`: the read-along's overlays, `sentence` (each sentence
-    /// highlighted as it is read) or `word` (each word, from the model's timings).
-    #[arg(long, default_value = "sentence", value_parser = parse_overlay)]
-    pub(crate) epub_overlay: narrator_pipeline::epub3::Overlay,
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
     /// Print the final summary as JSON instead of a progress bar and text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -647,5 +644,49 @@ fn parse_speed(s: &str) -> Result<f32, String> {
         Err(format!(
             "{v} is outside 0.5 to 2.0 (1 is the voice's own pace)"
         ))
+    }
+}
+
+impl VoiceArgs {
+    /// The scale flags, over the voice's defaults when resolved.
+    pub(crate) fn scales(&self) -> narrator_engine::ScaleOverrides {
+        narrator_engine::ScaleOverrides {
+            speed: self.speed,
+            length: self.length_scale,
+            noise: self.noise_scale,
+            noise_w: self.noise_w,
+        }
+    }
+}
+
+impl TextArgs {
+    /// How a book is read, with `meta` over what it says.
+    pub(crate) fn read_options(
+        &self,
+        meta: &BookArgs,
+        keep_looks: bool,
+    ) -> narrator_pipeline::book::ReadOptions {
+        narrator_pipeline::book::ReadOptions {
+            max_input_bytes: self.max_input_mb.saturating_mul(1024 * 1024),
+            keep_looks,
+            lexicons: self.lexicon.clone(),
+            meta: narrator_pipeline::book::MetaOverrides {
+                title: meta.title.clone(),
+                author: meta.author.clone(),
+                cover: meta.cover.clone(),
+                language: meta.language.clone(),
+                date: meta.date.clone(),
+                publisher: meta.publisher.clone(),
+            },
+        }
+    }
+
+    /// The pauses between sentences, paragraphs and chapters.
+    pub(crate) fn pauses(&self) -> narrator_audio::Pauses {
+        narrator_audio::Pauses {
+            sentence_ms: self.sentence_pause_ms,
+            paragraph_ms: self.paragraph_pause_ms,
+            chapter_ms: self.chapter_pause_ms,
+        }
     }
 }

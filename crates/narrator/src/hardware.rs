@@ -17,7 +17,9 @@ use crate::paths::Paths;
 pub(crate) fn doctor(global: &crate::cli::Global, args: DoctorArgs) -> anyhow::Result<()> {
     let profile = narrator_hardware::probe();
     // The runtime is optional here: doctor must work on a machine that is not set up.
-    let runtime = Paths::resolve(global).ok().and_then(|p| runtime_facts(&p));
+    let runtime = crate::paths::resolve(global)
+        .ok()
+        .and_then(|p| runtime_facts(&p));
     let findings = diagnose(&profile, runtime.as_ref());
     if args.json {
         let mut v = serde_json::to_value(&profile).context("encoding the profile")?;
@@ -48,10 +50,10 @@ pub(crate) fn doctor(global: &crate::cli::Global, args: DoctorArgs) -> anyhow::R
 /// What doctor checks: the CUDA build a GPU worker would load (read from its files,
 /// not loaded, with every needed library resolved), else the CPU build, loaded.
 fn runtime_facts(paths: &Paths) -> Option<RuntimeFacts> {
-    let gpu_lib = crate::gpu::cuda_library(paths).ok().flatten();
+    let gpu_lib = narrator_pipeline::load::cuda_library(paths).ok().flatten();
     let cuda_dir = gpu_lib.as_deref().and_then(std::path::Path::parent);
     if let (Some(lib), Some(dir)) = (&gpu_lib, cuda_dir) {
-        let build = match crate::gpu::inspect(paths, dir) {
+        let build = match narrator_pipeline::load::inspect(paths, dir) {
             Ok(b) => Some(b),
             Err(e) => {
                 println!("CUDA build at {}: {e:#}", dir.display());
@@ -152,17 +154,23 @@ pub(crate) async fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow:
     }
     let calibration: Calibration = match args.bytes_per_token {
         Some(b) if b > 0.0 && b.is_finite() => {
-            Calibration::supplied(&args.engine.voice, b, engine::ITEM_TOKENS)
+            Calibration::supplied(&args.engine.voice.name, b, engine::ITEM_TOKENS)
         }
         Some(b) => anyhow::bail!("--bytes-per-token {b}: give a positive number of bytes"),
         None => {
-            let paths = Paths::resolve(global)?;
+            let paths = crate::paths::resolve(global)?;
             let voice = engine::find_voice(&paths, &args.engine)?;
             let planning = match args.engine.calibrate.as_deref() {
                 Some(p) => p.parse()?,
                 None => Planning::Calibrate,
             };
-            let loaded = engine::load_with(&paths, &args.engine, voice, planning, &catalog)?;
+            let loaded = engine::load(
+                &paths,
+                &engine::options(&args.engine),
+                voice,
+                planning,
+                &catalog,
+            )?;
             let mut v = loaded.plan_json();
             if let (Some(o), Some(c)) = (v.as_object_mut(), &loaded.calibration) {
                 o.insert("calibration_full".into(), serde_json::to_value(c)?);
@@ -223,8 +231,8 @@ pub(crate) async fn plan(global: &crate::cli::Global, args: PlanArgs) -> anyhow:
     };
     let runtime = calibration.runtime.clone();
     for d in &simulated {
-        let p = catalog.plan(d, &args.engine.voice, &runtime, &calibration, &limits);
-        let label = match catalog.find(&args.engine.voice, &d.model(), &runtime) {
+        let p = catalog.plan(d, &args.engine.voice.name, &runtime, &calibration, &limits);
+        let label = match catalog.find(&args.engine.voice.name, &d.model(), &runtime) {
             Some(_) => format!("simulated {}", d.model()),
             None => format!(
                 "simulated {} ({} bytes/token from {})",

@@ -9,7 +9,6 @@ mod cluster;
 #[path = "cluster/lean.rs"]
 mod cluster;
 mod engine;
-mod gpu;
 mod hardware;
 mod paths;
 mod progress;
@@ -46,10 +45,10 @@ fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
     match args.action {
         Some(VoicesAction::Install { source, force }) => {
             let names = voices::install(paths, &source, force)?;
-            if source.eq_ignore_ascii_case("kokoro") {
+            if let Ok(kind) = source.parse::<narrator_engine::FamilyKind>() {
                 println!(
-                    "Kokoro voices ready in {}: {} (`narrator voices` lists them)",
-                    paths.voices.join(narrator_engine::kokoro::DIR).display(),
+                    "{kind} voices ready in {}: {} (`narrator voices` lists them)",
+                    narrator_engine::installation(&paths.voices, kind).display(),
                     names.join(", ")
                 );
             } else {
@@ -135,7 +134,7 @@ fn voices(paths: &Paths, args: VoicesArgs) -> anyhow::Result<()> {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     // Only the commands that phonemize or synthesize need the data folder.
-    let paths = || Paths::resolve(&cli.global);
+    let paths = || crate::paths::resolve(&cli.global);
     match cli.command {
         Command::Run(a) => run::run(&paths()?, a).await,
         Command::Synth(a) => run::synth(&paths()?, a).await,

@@ -10,60 +10,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use narrator_audio::{AudioFormat, Pauses};
-use narrator_core::Manifest;
-use narrator_pipeline::{
-    AssembleOptions, AudioIdentity, Event, JournalStateStore, LocalAudioStore, RunOptions, Stages,
-    assemble, encode_as_stored, encodes_early, finish_early, plan_job, synthesize_job,
+use narrator_audio::AudioFormat;
+use narrator_core::{Manifest, SegmentRecord};
+use narrator_pipeline::book::{
+    Identity, ReadBook, file_stem, lexicon_for, load_options, plan_book, read_book,
 };
-use narrator_text::{Document, InputFormat, Lexicon, LoadOptions};
-use serde::{Deserialize, Serialize};
+use narrator_pipeline::resume::{self, Previous};
+use narrator_pipeline::{
+    AssembleOptions, EarlyBook, Event, JournalStateStore, LocalAudioStore, RunOptions, Stages,
+    assemble, encode_as_stored, encodes_early, finish_early, synthesize_job,
+};
+use narrator_text::{Document, InputFormat, Lexicon};
 
-use crate::cli::{BookArgs, EngineArgs, RunArgs, SynthArgs, TextArgs};
+use crate::cli::{EngineArgs, OutputArgs, RunArgs, SynthArgs, TextArgs};
 use crate::engine;
 use crate::paths::Paths;
 use crate::progress::Progress;
-
-#[derive(Debug, Serialize, Deserialize)]
-struct JobState {
-    job_id: String,
-    segments: usize,
-    wall_seconds: f64,
-}
-
-/// Input limits, and the voice's language: it picks the normalization rules and the
-/// scripts kept.
-pub(crate) fn load_options(t: &TextArgs, voice: &narrator_engine::Voice) -> LoadOptions {
-    let language = voice.info().language;
-    LoadOptions {
-        max_bytes: t.max_input_mb.saturating_mul(1024 * 1024),
-        language: if language.is_empty() {
-            voice.family.espeak_voice().to_owned()
-        } else {
-            language
-        },
-        ..LoadOptions::default()
-    }
-}
-
-pub(crate) fn pauses(t: &TextArgs) -> Pauses {
-    Pauses {
-        sentence_ms: t.sentence_pause_ms,
-        paragraph_ms: t.paragraph_pause_ms,
-        chapter_ms: t.chapter_pause_ms,
-    }
-}
-
-pub(crate) fn identity_digest(voice: &narrator_engine::Voice) -> String {
-    voice
-        .family
-        .identity()
-        .bytes()
-        .fold(0xcbf29ce484222325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-        })
-        .to_string()
-}
 
 /// Makes sure `dir` exists and can be written, with one clear error if not.
 fn writable_dir(dir: &Path) -> anyhow::Result<()> {
@@ -100,6 +62,8 @@ struct Outcome {
 /// One audiobook to make.
 struct Request<'a> {
     doc: &'a Document,
+    /// The lexicon applied to `doc` (for the plan's record).
+    lexicon: &'a Lexicon,
     source: &'a str,
     fallback_title: &'a str,
     out: &'a Path,
@@ -114,6 +78,129 @@ struct Request<'a> {
     keep_work: bool,
 }
 
+/// Where stored segments go to be encoded during synthesis.
+type StoredTx = Arc<std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<SegmentRecord>>>>;
+
+/// A fresh job's book encoded while it is synthesized, on a thread of its own (the
+/// encoders' work is synchronous) at a lower priority: where inference keeps every core
+/// busy it takes the cycles the sessions leave (waits between runs, the last segments
+/// running alone), and what it has not encoded when synthesis ends it encodes then, on
+/// the freed cores.
+struct EarlyEncoder {
+    tx: StoredTx,
+    task: Option<std::thread::JoinHandle<Result<EarlyBook, narrator_pipeline::PipelineError>>>,
+}
+
+impl EarlyEncoder {
+    /// Starts it when `wanted` (else one that takes nothing and returns nothing).
+    fn start(
+        wanted: bool,
+        plan: &narrator_core::JobPlan,
+        store: &Arc<LocalAudioStore>,
+        aopts: &AssembleOptions,
+    ) -> anyhow::Result<Self> {
+        if !wanted {
+            return Ok(EarlyEncoder {
+                tx: Arc::new(std::sync::Mutex::new(None)),
+                task: None,
+            });
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (plan, store, aopts) = (plan.clone(), store.clone(), aopts.clone());
+        let rt = tokio::runtime::Handle::current();
+        let task = std::thread::Builder::new()
+            .name("early-encoder".into())
+            .spawn(move || {
+                if let Err(e) = narrator_hardware::threads::lower_current_thread_priority() {
+                    // Only speed is at stake.
+                    tracing::debug!(error = %e, "could not lower the encoder thread's priority");
+                }
+                rt.block_on(encode_as_stored(&plan, rx, &store, &aopts))
+            })
+            .context("starting the encoder thread")?;
+        Ok(EarlyEncoder {
+            tx: Arc::new(std::sync::Mutex::new(Some(tx))),
+            task: Some(task),
+        })
+    }
+
+    /// Where the run's events hand it each stored segment.
+    fn sender(&self) -> StoredTx {
+        self.tx.clone()
+    }
+
+    /// No more segments will come: an encoder still waiting for one gives up.
+    fn close(&self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+    }
+
+    /// The book it encoded, or `None` (not started, failed or panicked: the book is then
+    /// assembled from the stored segments).
+    fn finish(self) -> Option<EarlyBook> {
+        let task = self.task?;
+        let joined = tokio::task::block_in_place(|| {
+            let synthesized_at = Instant::now();
+            let joined = task.join();
+            tracing::debug!(
+                tail_s = synthesized_at.elapsed().as_secs_f64(),
+                "the encoder caught up with synthesis"
+            );
+            joined
+        });
+        match joined {
+            Ok(Ok(book)) => Some(book),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "encoding during synthesis failed; assembling from the stored segments");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the encoder during synthesis panicked; assembling from the stored segments"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// What a run does with each event: the progress display, each stored segment handed to
+/// the early encoder, and the elapsed time kept on disk now and then (every 5 s), so a
+/// resumed job's figures include it.
+fn run_events(
+    progress: Arc<Progress>,
+    stored_to: StoredTx,
+    work: &Path,
+    plan: &narrator_core::JobPlan,
+    wall_before: f64,
+    started: Instant,
+) -> Arc<dyn Fn(Event) + Send + Sync> {
+    let saved_at = AtomicU64::new(0);
+    let work = work.to_path_buf();
+    let (job_id, n_segments) = (plan.job_id.clone(), plan.segments.len());
+    Arc::new(move |e| {
+        let now = started.elapsed().as_secs();
+        if now >= saved_at.load(Ordering::Relaxed) + 5 {
+            saved_at.store(now, Ordering::Relaxed);
+            let s = resume::JobState {
+                job_id: job_id.clone(),
+                segments: n_segments,
+                wall_seconds: wall_before + started.elapsed().as_secs_f64(),
+            };
+            // Only the figures are at stake: the next save or the end writes it again.
+            let _ = s.save(&work);
+        }
+        if let Event::SegmentDone { record } = &e
+            && let Ok(tx) = stored_to.lock()
+            && let Some(tx) = tx.as_ref()
+        {
+            let _ = tx.send(record.clone());
+        }
+        progress.event(&e);
+    })
+}
+
 /// Synthesizes and assembles `req.doc` into `req.out`, resuming from `out/.narrator`.
 async fn produce(
     paths: &Paths,
@@ -123,6 +210,7 @@ async fn produce(
 ) -> anyhow::Result<Outcome> {
     let Request {
         doc,
+        lexicon,
         source,
         fallback_title,
         out,
@@ -134,106 +222,47 @@ async fn produce(
         keep_work,
     } = req;
     let voice = engine::find_voice(paths, eargs)?;
-    let scales = engine::scales(eargs, &voice);
-    let digest = identity_digest(&voice);
-    let speaker = match &eargs.speaker {
-        Some(s) => voice.family.speaker_id(&voice.name, s)?,
-        None => 0,
-    };
-    let mut plan = plan_job(
-        doc,
-        source,
-        fallback_title,
-        &AudioIdentity {
-            voice: &voice.name,
-            voice_digest: &digest,
-            scales,
-            speaker,
-        },
-    );
+    let identity = Identity::of(
+        &voice,
+        &eargs.voice.scales(),
+        eargs.voice.speaker.as_deref(),
+    )?;
+    let mut plan = plan_book(doc, source, fallback_title, &identity, lexicon)?;
     // Words are timed only for outputs that use them (espeak-ng's word pass costs):
     // subtitles and word overlays; sentence overlays need only the layout.
     let timed = !subtitles.is_empty() || epub3 == Some(narrator_pipeline::epub3::Overlay::Words);
     for s in &mut plan.segments {
         s.timed = timed;
     }
-    if plan.segments.is_empty() {
-        bail!("{source} has nothing speakable after cleaning; check that it holds readable text");
-    }
 
     let work = out.join(".narrator");
-    let state_path = work.join("job.json");
-    let previous: Option<JobState> = std::fs::read(&state_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
-    let manifest_path = out.join("manifest.json");
-    // A manifest from an earlier job must not be mistaken for this one's, and a complete
-    // one of this job must not survive a rebuild half-done.
-    if let Ok(bytes) = std::fs::read(&manifest_path) {
-        if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
-            && m.job_id == plan.job_id
-            && m.format == format.extension()
-            && same_tags(&m, &plan)
-            && m.chapters
-                .iter()
-                .all(|c| c.file.is_some() == (chapter_files && format.supports_chapter_files()))
-            && m.book.subtitles.len() == subtitles.len()
-            && m.book.subtitles.iter().all(|f| out.join(f).is_file())
-            && m.book.epub_overlay.as_deref() == epub3.map(|o| o.as_str())
-            && m.book.epub.iter().all(|f| out.join(f).is_file())
-            && out.join(&m.book.file).is_file()
-            && m.chapters
-                .iter()
-                .flat_map(|c| &c.file)
-                .all(|f| out.join(f).is_file())
-        {
+    let want = resume::Outputs {
+        format,
+        chapter_files,
+        subtitles: subtitles.len(),
+        epub_overlay: epub3.map(|o| o.as_str()),
+    };
+    // A fresh job's book is encoded while it is synthesized (every segment reports itself
+    // stored); a resumed one's after, from what is stored.
+    let (wall_before, fresh) = match resume::prepare(out, &plan, &want)? {
+        Previous::Finished(manifest) => {
             return Ok(Outcome {
                 resumed: plan.segments.len(),
-                manifest: m,
+                manifest: *manifest,
                 plan: None,
             });
         }
-        // The outputs it lists belong to another job or format: remove them with it.
-        if let Ok(m) = serde_json::from_slice::<Manifest>(&bytes) {
-            for f in m
-                .chapters
-                .iter()
-                .flat_map(|c| &c.file)
-                .chain([&m.book.file])
-            {
-                if !f.contains('/') {
-                    let _ = std::fs::remove_file(out.join(f));
-                }
-            }
-        }
-        std::fs::remove_file(&manifest_path)
-            .with_context(|| format!("removing stale {}", manifest_path.display()))?;
-    }
-    let mut wall_before = 0.0;
-    // A fresh job's book is encoded while it is synthesized (every segment reports itself
-    // stored); a resumed one's after, from what is stored.
-    let fresh = !matches!(&previous, Some(p) if p.job_id == plan.job_id);
-    match previous {
-        Some(p) if p.job_id == plan.job_id => wall_before = p.wall_seconds,
-        Some(_) => {
-            std::fs::remove_dir_all(&work)
-                .with_context(|| format!("clearing {} of another job", work.display()))?;
-        }
-        None => {}
-    }
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let save_state = |wall: f64| -> anyhow::Result<()> {
-        let s = JobState {
+        Previous::Resume { wall_seconds } => (wall_seconds, false),
+        Previous::Fresh => (0.0, true),
+    };
+    let save_state = |wall: f64| {
+        resume::JobState {
             job_id: plan.job_id.clone(),
             segments: plan.segments.len(),
             wall_seconds: wall,
-        };
-        let tmp = work.join("job.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(&s)?)?;
-        std::fs::rename(&tmp, &state_path)?;
-        Ok(())
+        }
+        .save(&work)
     };
-    save_state(wall_before)?;
 
     let store = Arc::new(LocalAudioStore::new(
         work.join("segments"),
@@ -250,72 +279,35 @@ async fn produce(
         Some(p) => p.parse()?,
         None => engine::Planning::CachedOnly,
     };
-    let loaded = engine::load(paths, eargs, voice, planning)?;
+    let loaded = engine::load(
+        paths,
+        &engine::options(eargs),
+        voice,
+        planning,
+        &Default::default(),
+    )?;
     let used_plan = loaded.plan.clone();
     let synth = Arc::new(loaded.synth);
     let progress = Arc::new(Progress::new(show_progress, started));
     progress.layout(&used_plan);
     let aopts = AssembleOptions {
         format,
+        sample_rate: synth.sample_rate(),
         chapter_files,
-        pauses: pauses(targs),
+        pauses: targs.pauses(),
         staging: work.join("staging"),
         subtitles: subtitles.to_vec(),
         epub3,
     };
-    let (early_tx, early) = if fresh && encodes_early(format) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let (plan, store, aopts) = (plan.clone(), store.clone(), aopts.clone());
-        let rt = tokio::runtime::Handle::current();
-        // A thread of its own (the encoders' work is synchronous) at a lower priority: where
-        // inference keeps every core busy it takes the cycles the sessions leave (waits
-        // between runs, the last segments running alone), and what it has not encoded when
-        // synthesis ends it encodes then, on the freed cores.
-        let task = std::thread::Builder::new()
-            .name("early-encoder".into())
-            .spawn(move || {
-                if let Err(e) = narrator_hardware::threads::lower_current_thread_priority() {
-                    // Only speed is at stake.
-                    tracing::debug!(error = %e, "could not lower the encoder thread's priority");
-                }
-                rt.block_on(encode_as_stored(&plan, rx, &store, &aopts))
-            })
-            .context("starting the encoder thread")?;
-        (Arc::new(std::sync::Mutex::new(Some(tx))), Some(task))
-    } else {
-        (Arc::new(std::sync::Mutex::new(None)), None)
-    };
-    let stored_to = early_tx.clone();
-    let p = progress.clone();
-    let saved_at = Arc::new(AtomicU64::new(0));
-    let work_for_events = work.clone();
-    let job_id = plan.job_id.clone();
-    let n_segments = plan.segments.len();
-    let on_event: Arc<dyn Fn(Event) + Send + Sync> = Arc::new(move |e| {
-        // Keep the elapsed time on disk now and then, so a resumed job's figures include it.
-        let now = started.elapsed().as_secs();
-        if now >= saved_at.load(Ordering::Relaxed) + 5 {
-            saved_at.store(now, Ordering::Relaxed);
-            let s = JobState {
-                job_id: job_id.clone(),
-                segments: n_segments,
-                wall_seconds: wall_before + started.elapsed().as_secs_f64(),
-            };
-            if let Ok(b) = serde_json::to_vec(&s) {
-                let tmp = work_for_events.join("job.json.tmp");
-                if std::fs::write(&tmp, b).is_ok() {
-                    let _ = std::fs::rename(&tmp, work_for_events.join("job.json"));
-                }
-            }
-        }
-        if let Event::SegmentDone { record } = &e
-            && let Ok(tx) = stored_to.lock()
-            && let Some(tx) = tx.as_ref()
-        {
-            let _ = tx.send(record.clone());
-        }
-        p.event(&e);
-    });
+    let early = EarlyEncoder::start(fresh && encodes_early(format), &plan, &store, &aopts)?;
+    let on_event = run_events(
+        progress.clone(),
+        early.sender(),
+        &work,
+        &plan,
+        wall_before,
+        started,
+    );
     let opts = RunOptions::embedded(worker_name(), loaded.in_flight);
     let stages = Stages {
         synth,
@@ -325,36 +317,11 @@ async fn produce(
     };
     let synthesized = synthesize_job(&plan, &stages, &opts).await;
     // No more segments will come: an early encoder still waiting for one gives up.
-    if let Ok(mut tx) = early_tx.lock() {
-        tx.take();
-    }
+    early.close();
     let records = synthesized?;
     let resumed = progress.resumed();
     progress.assembling();
-    let early = match early {
-        Some(task) => match tokio::task::block_in_place(|| {
-            let synthesized_at = Instant::now();
-            let joined = task.join();
-            tracing::debug!(
-                tail_s = synthesized_at.elapsed().as_secs_f64(),
-                "the encoder caught up with synthesis"
-            );
-            joined
-        }) {
-            Ok(Ok(book)) => Some(book),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "encoding during synthesis failed; assembling from the stored segments");
-                None
-            }
-            Err(_) => {
-                tracing::warn!(
-                    "the encoder during synthesis panicked; assembling from the stored segments"
-                );
-                None
-            }
-        },
-        None => None,
-    };
+    let early = early.finish();
     let wall = wall_before + started.elapsed().as_secs_f64();
     save_state(wall)?;
     let manifest = tokio::task::block_in_place(|| {
@@ -386,78 +353,6 @@ pub(crate) fn worker_name() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "local".into());
     format!("{host}:{}", std::process::id())
-}
-
-pub(crate) fn file_stem(p: &Path) -> String {
-    p.file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("book")
-        .to_string()
-}
-
-/// The lexicon for `book`: `BOOK_STEM.lexicon` beside it when there is one (the book's
-/// own), then every `--lexicon` file in order. A line that cannot be used is an error.
-pub(crate) fn lexicon_for(book: Option<&Path>, args: &TextArgs) -> anyhow::Result<Lexicon> {
-    let mut lexicon = Lexicon::default();
-    if let Some(own) = book
-        .map(|b| b.with_extension("lexicon"))
-        .filter(|p| p.is_file())
-    {
-        lexicon = Lexicon::load(&own)?;
-        tracing::info!(file = %own.display(), entries = lexicon.len(), "the book's lexicon");
-    }
-    for file in &args.lexicon {
-        lexicon = lexicon.then(Lexicon::load(file)?);
-    }
-    Ok(lexicon)
-}
-
-/// Whether a finished book's files carry the tags this plan would give them (a new
-/// `--author` or cover rebuilds the files from the kept segments).
-fn same_tags(m: &Manifest, plan: &narrator_core::JobPlan) -> bool {
-    let without_cover = narrator_core::BookMeta {
-        cover: None,
-        resources: Vec::new(),
-        ..plan.meta.clone()
-    };
-    let cover = plan
-        .meta
-        .cover
-        .as_ref()
-        .map(|c| (c.mime.as_str(), c.data.len() as u64));
-    m.book.title == plan.title
-        && m.book.meta == without_cover
-        && m.book.cover.as_ref().map(|c| (c.mime.as_str(), c.bytes)) == cover
-}
-
-/// Puts the flags' metadata over what the input says.
-pub(crate) fn apply_book_args(
-    doc: &mut narrator_text::Document,
-    args: &BookArgs,
-    book: &Path,
-) -> anyhow::Result<()> {
-    let clean = |s: &Option<String>| {
-        s.as_deref()
-            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
-            .filter(|v| !v.is_empty())
-    };
-    if let Some(title) = clean(&args.title) {
-        doc.title = Some(title);
-    }
-    let cover = match &args.cover {
-        Some(path) => Some(narrator_text::load_cover(path, book)?),
-        None => None,
-    };
-    let flags = narrator_core::BookMeta {
-        author: clean(&args.author),
-        language: clean(&args.language),
-        date: clean(&args.date),
-        publisher: clean(&args.publisher),
-        cover,
-        ..Default::default()
-    };
-    doc.meta = std::mem::take(&mut doc.meta).overridden_by(flags);
-    Ok(())
 }
 
 /// `--chapter-files` with a format that keeps its chapters in one file is refused.
@@ -507,21 +402,41 @@ pub(crate) fn subtitle_formats(
     Ok(formats)
 }
 
+/// What `--format`, `--chapter-files`, `--subtitles` and `--epub-overlay` ask for.
+pub(crate) struct Outputs {
+    pub(crate) format: AudioFormat,
+    pub(crate) chapter_files: bool,
+    /// A read-along EPUB 3, with overlays this fine.
+    pub(crate) epub3: Option<narrator_pipeline::epub3::Overlay>,
+    pub(crate) subtitles: Vec<narrator_pipeline::SubtitleFormat>,
+}
+
+impl OutputArgs {
+    /// The outputs asked for, one clear error for a bad combination.
+    pub(crate) fn outputs(&self) -> anyhow::Result<Outputs> {
+        let (format, chapter_files, epub3) = output_format(&self.format, self.chapter_files)?;
+        Ok(Outputs {
+            format,
+            chapter_files,
+            epub3: epub3.then_some(self.epub_overlay),
+            subtitles: subtitle_formats(&self.subtitles)?,
+        })
+    }
+}
+
 /// `narrator run`.
 pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
-    let (format, chapter_files, epub3) = output_format(&args.format, args.chapter_files)?;
-    let epub3 = epub3.then_some(args.epub_overlay);
-    let subtitles = subtitle_formats(&args.subtitles)?;
+    let Outputs {
+        format,
+        chapter_files,
+        epub3,
+        subtitles,
+    } = args.output.outputs()?;
     // The voice first: its language decides how the text is read.
     let voice = engine::find_voice(paths, &args.engine)?;
-    let opts = LoadOptions {
-        // A read-along EPUB shows an EPUB input as it looked.
-        keep_looks: epub3.is_some(),
-        ..load_options(&args.text, &voice)
-    };
-    let mut doc = narrator_text::load_document(&args.book, &opts)?;
-    apply_book_args(&mut doc, &args.meta, &args.book)?;
-    doc.apply_lexicon(&lexicon_for(Some(&args.book), &args.text)?, &opts)?;
+    // A read-along EPUB shows an EPUB input as it looked.
+    let read = args.text.read_options(&args.meta, epub3.is_some());
+    let ReadBook { doc, lexicon } = read_book(&args.book, &voice, &read)?;
     writable_dir(&args.out)?;
     for w in &doc.warnings {
         eprintln!("warning: {w}");
@@ -530,6 +445,7 @@ pub(crate) async fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<()> {
     let show = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let req = Request {
         doc: &doc,
+        lexicon: &lexicon,
         source: &source,
         fallback_title: &file_stem(&args.book),
         out: &args.out,
@@ -613,7 +529,12 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
             args.output.display()
         )
     })?;
-    let opts = load_options(&args.text, &engine::find_voice(paths, &args.engine)?);
+    let voice = engine::find_voice(paths, &args.engine)?;
+    let opts = load_options(
+        &voice,
+        args.text.max_input_mb.saturating_mul(1024 * 1024),
+        false,
+    );
     let (mut doc, source) = if args.input == Path::new("-") {
         let mut buf = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
@@ -635,7 +556,8 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         )
     };
     let book = (args.input != Path::new("-")).then_some(args.input.as_path());
-    doc.apply_lexicon(&lexicon_for(book, &args.text)?, &opts)?;
+    let lexicon = lexicon_for(book, &args.text.lexicon)?;
+    doc.apply_lexicon(&lexicon, &opts)?;
     for w in &doc.warnings {
         eprintln!("warning: {w}");
     }
@@ -651,6 +573,7 @@ pub(crate) async fn synth(paths: &Paths, args: SynthArgs) -> anyhow::Result<()> 
         .with_context(|| format!("creating a work folder in {}", parent.display()))?;
     let req = Request {
         doc: &doc,
+        lexicon: &lexicon,
         source: &source,
         fallback_title: "speech",
         out: work.path(),

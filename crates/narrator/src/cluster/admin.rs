@@ -15,12 +15,33 @@ fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"))
 }
 
+/// Workers seen this recently count when asking which family a voice is.
+const FAMILY_SEEN_WITHIN: Duration = Duration::from_secs(24 * 3600);
+
+/// The model family of `voice` as the fleet loaded it: each worker's row says, per voice
+/// it serves, its loaded voice's family. `None` when no worker seen in the last day
+/// serves it (the status needs no voices folder, so the voice is not looked up here).
+async fn family_served(
+    pool: &narrator_db::PgPool,
+    voice: &str,
+) -> anyhow::Result<Option<narrator_engine::FamilyKind>> {
+    let workers = narrator_db::list_workers(pool, FAMILY_SEEN_WITHIN).await?;
+    Ok(workers
+        .iter()
+        .rev()
+        .filter_map(|w| w.info.plan.as_array())
+        .flatten()
+        .filter(|p| p["voice"] == voice)
+        .find_map(|p| serde_json::from_value(p["family"].clone()).ok()))
+}
+
 fn status_json(
     st: &JobStatus,
+    family: Option<narrator_engine::FamilyKind>,
     outputs: &[(narrator_db::Output, Option<String>)],
 ) -> serde_json::Value {
     let mut v = serde_json::to_value(st).unwrap_or_default();
-    v["family"] = narrator_engine::family_of(&st.summary.voice).into();
+    v["family"] = serde_json::to_value(family).unwrap_or_default();
     v["outputs"] = outputs
         .iter()
         .map(|(o, url)| {
@@ -33,15 +54,16 @@ fn status_json(
     v
 }
 
-fn print_status(st: &JobStatus, outputs: &[(narrator_db::Output, Option<String>)]) {
+fn print_status(
+    st: &JobStatus,
+    family: Option<narrator_engine::FamilyKind>,
+    outputs: &[(narrator_db::Output, Option<String>)],
+) {
     let s = &st.summary;
+    let family = family.map_or_else(String::new, |f| format!(" ({f})"));
     println!(
-        "job {}  {}  ({} ({}), {})",
-        s.job_id,
-        s.title,
-        s.voice,
-        narrator_engine::family_of(&s.voice),
-        s.format
+        "job {}  {}  ({}{family}, {})",
+        s.job_id, s.title, s.voice, s.format
     );
     println!(
         "state {}  segments {}/{} ({} failed)  audio {}  rtf {}  wall {} s  latency {} s",
@@ -118,10 +140,11 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<()> {
             };
             outputs.push((o, url));
         }
+        let family = family_served(&pool, &st.summary.voice).await?;
         if args.json {
-            println!("{}", status_json(&st, &outputs));
+            println!("{}", status_json(&st, family, &outputs));
         } else {
-            print_status(&st, &outputs);
+            print_status(&st, family, &outputs);
         }
         if args.wait && st.summary.state != narrator_db::JobState::Done {
             bail!("job {job} ended {}", st.summary.state.as_str());

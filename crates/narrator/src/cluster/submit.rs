@@ -1,20 +1,20 @@
-//! `narrator submit`: validate every input, then per book record the job (one
-//! transaction) and publish its segments with confirms (the outbox: segments not marked
-//! published are republished by a worker's reconciler).
+//! `narrator submit`: the inputs expanded, every book read and planned
+//! ([`narrator_pipeline::book`]), then each recorded and its first window published with
+//! confirms ([`narrator_worker::Submitter`]; the outbox: segments not marked published
+//! are republished by a worker's reconciler). This file keeps the flags and the output.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use narrator_broker::Publisher;
 use narrator_core::JobPlan;
 use narrator_db::JobSettings;
-use narrator_pipeline::{AudioIdentity, plan_job};
-use tracing::{Instrument, info_span};
+use narrator_pipeline::book::{Identity, ReadBook, ReadOptions, file_stem, plan_book, read_book};
+use narrator_worker::{Submission, Submitter};
+use tracing::info_span;
 
 use crate::cli::SubmitArgs;
 use crate::cluster;
 use crate::paths::Paths;
-use crate::run::{apply_book_args, file_stem, identity_digest, lexicon_for, load_options};
 
 const BOOK_EXTENSIONS: [&str; 5] = ["txt", "md", "markdown", "epub", "text"];
 
@@ -68,30 +68,15 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `narrator submit`.
+/// `narrator submit`: every input read and planned before anything is recorded or
+/// enqueued; then each book recorded and its first window published
+/// ([`narrator_worker::Submitter`]).
 pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()> {
-    let (format, chapter_files, epub3) =
-        crate::run::output_format(&args.format, args.chapter_files)?;
-    let subtitles = crate::run::subtitle_formats(&args.subtitles)?;
-    let voice = narrator_engine::Voice::find(&paths.voices, &args.voice)?;
-    let digest = identity_digest(&voice);
-    let mut d = voice.family.default_scales();
-    if let Some(speed) = args.speed {
-        // The rate is part of the job's identity, as in `run`.
-        d.length /= speed;
-    }
-    let opts = narrator_text::LoadOptions {
-        // A read-along EPUB shows an EPUB input as it looked.
-        keep_looks: epub3,
-        ..load_options(&args.text, &voice)
-    };
-    let speaker = match &args.speaker {
-        Some(s) => voice.family.speaker_id(&voice.name, s)?,
-        None => 0,
-    };
-    // Every input is read and planned before anything is recorded or enqueued. Each book
-    // is its own trace (a root span), which its segments and its assembly join.
-    let mut plans: Vec<(JobPlan, tracing::Span)> = Vec::new();
+    let outputs = args.output.outputs()?;
+    let voice = narrator_engine::Voice::find(&paths.voices, &args.voice.name)?;
+    // The scales and speaker are part of the job's identity, and recorded with it: every
+    // worker synthesizes its segments with exactly them.
+    let identity = Identity::of(&voice, &args.voice.scales(), args.voice.speaker.as_deref())?;
     let books = expand(&args.inputs)?;
     if args.book.title.is_some() && books.len() > 1 {
         bail!(
@@ -100,120 +85,53 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             books.len()
         );
     }
-    for book in books {
-        let span = info_span!(parent: None, "submit", otel.name = %format!("submit {}", file_stem(&book)),
-            narrator.source = %book.display(), narrator.voice = %voice.name, narrator.job_id = tracing::field::Empty);
-        let _entered = span.enter();
-        let mut doc = info_span!("read", narrator.source = %book.display())
-            .in_scope(|| narrator_text::load_document(&book, &opts))?;
-        apply_book_args(&mut doc, &args.book, &book)?;
-        let lexicon = lexicon_for(Some(&book), &args.text)?;
-        doc.apply_lexicon(&lexicon, &opts)?;
-        for w in &doc.warnings {
-            eprintln!("warning: {}: {w}", book.display());
-        }
-        let source = book.display().to_string();
-        let mut plan = info_span!("plan").in_scope(|| {
-            plan_job(
-                &doc,
-                &source,
-                &file_stem(&book),
-                &AudioIdentity {
-                    voice: &voice.name,
-                    voice_digest: &digest,
-                    scales: d,
-                    speaker,
-                },
-            )
-        });
-        plan.lexicon = (!lexicon.is_empty()).then(|| lexicon.source().to_owned());
-        if plan.segments.is_empty() {
-            bail!(
-                "{source} has nothing speakable after cleaning; check that it holds readable text"
-            );
-        }
-        drop(_entered);
-        plans.push((plan, span));
-    }
+    // A read-along EPUB shows an EPUB input as it looked.
+    let read = args.text.read_options(&args.book, outputs.epub3.is_some());
+    let plans = books
+        .iter()
+        .map(|book| plan_one(book, &voice, &identity, &read))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let settings = JobSettings {
         sentence_pause_ms: args.text.sentence_pause_ms,
         paragraph_pause_ms: args.text.paragraph_pause_ms,
         chapter_pause_ms: args.text.chapter_pause_ms,
-        chapter_files,
-        subtitles: subtitles
+        chapter_files: outputs.chapter_files,
+        subtitles: outputs
+            .subtitles
             .iter()
             .map(|f| f.extension().to_string())
             .collect(),
-        speed: args.speed,
-        epub3: epub3.then(|| args.epub_overlay.as_str().to_string()),
+        speed: args.voice.speed,
+        epub3: outputs.epub3.map(|o| o.as_str().to_string()),
+        // Every worker synthesizes the segments with exactly the scales the job id names.
+        scales: Some(identity.scales),
     };
     let pool = cluster::database(&args.services).await?;
     let conn = cluster::broker(&args.services, "narrator-submit").await?;
-    let channel = conn
-        .create_channel()
-        .await
-        .context("opening a RabbitMQ channel")?;
-    narrator_broker::declare(&channel, &voice.name).await?;
-    let publisher = Publisher::new(&conn).await?;
-    let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
-    let served = voices_served(&pool).await?;
-    let voice_served = served.contains(&voice.name);
-    if !voice_served {
-        eprintln!(
-            "warning: no worker seen in the last {} s serves voice {}: the jobs wait in its queue until one does \
-             (`narrator worker --voices {}`); voices served now: {}",
-            FLEET_SEEN_WITHIN.as_secs(),
-            voice.name,
-            voice.name,
-            if served.is_empty() {
-                "none".to_string()
-            } else {
-                served.join(", ")
-            }
-        );
-    }
+    let submitter = Submitter::new(pool.clone(), &conn).await?;
+    submitter.declare_voice(&conn, &voice.name).await?;
+    let voice_served = warn_unless_served(&pool, &voice.name).await?;
+    let format = outputs.format.extension();
     let mut unpublished = 0;
     for (n, (plan, span)) in plans.iter().enumerate() {
-        let record = info_span!(parent: span, "record", otel.name = "INSERT jobs",
-            db.system.name = "postgresql", db.operation.name = "INSERT", db.collection.name = "jobs");
         // The settings and the trace go in with the job (one transaction): a submitter
         // that dies right after leaves no job without them.
         let trace = narrator_telemetry::propagate::context_of(span);
-        let job = narrator_db::create_job_with(
-            &pool,
+        let submission = Submission {
             plan,
-            format.extension(),
-            args.priority,
-            &settings,
-            trace.as_ref(),
-        )
-        .instrument(record)
-        .await?;
-        span.record("narrator.job_id", tracing::field::display(job));
+            format,
+            priority: args.priority,
+            settings: &settings,
+            trace: trace.as_ref(),
+            coming: (plans.len() - 1 - n) as u64,
+        };
+        let job = submitter.record(&submission, span).await?;
         if std::env::var_os("NARRATOR_TEST_CRASH_AFTER_COMMIT").is_some() {
-            // Fault injection for the outbox test: die like a killed producer would.
+            // Fault injection for the outbox test: die like a killed producer would,
+            // between the commit and the publish.
             std::process::abort();
         }
-        // Only the job's first window is published (fair share: the rest follows as its
-        // segments are recorded). A broker that drops or refuses a publish does not lose
-        // the book: it is recorded, and a worker's reconciler enqueues what was not
-        // confirmed. The other books go on.
-        let queue =
-            narrator_broker::lane_queue(&voice.name, narrator_broker::lane_of(args.priority));
-        let publish = info_span!(parent: span, "publish", otel.name = %format!("publish {queue}"),
-            otel.kind = "producer", messaging.system = "rabbitmq", messaging.operation.type = "publish",
-            messaging.destination.name = %queue, messaging.batch.message_count = plan.segments.len());
-        let published = async {
-            // The books of this submission still to come count as running already: the
-            // first of a folder does not take the whole queue before the others arrive.
-            let coming = (plans.len() - 1 - n) as u64;
-            let limits =
-                narrator_worker::first_window(&pool, &voice.name, args.priority, coming).await?;
-            narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, limits).await?;
-            anyhow::Ok(())
-        }
-        .instrument(publish)
-        .await;
+        let published = submitter.publish_first_window(&submission, job, span).await;
         if let Err(e) = &published {
             unpublished += 1;
             eprintln!(
@@ -223,19 +141,18 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
             );
         }
         if args.json {
-            let v = serde_json::json!({
+            let mut v = serde_json::json!({
                 "job_id": job,
                 "source": plan.source,
                 "title": plan.title,
                 "voice": plan.voice,
-                "format": format.extension(),
+                "format": format,
                 "chapters": plan.chapters.len(),
                 "segments": plan.segments.len(),
                 "published": published.is_ok(),
                 "voice_served": voice_served,
             });
             // With traces on: the book's trace id, to find it in the tracing backend.
-            let mut v = v;
             if let Some(id) = trace.as_ref().and_then(|t| t.traceparent.split('-').nth(1)) {
                 v["trace_id"] = id.into();
             }
@@ -257,6 +174,49 @@ pub(crate) async fn submit(paths: &Paths, args: SubmitArgs) -> anyhow::Result<()
     }
     let _ = conn.close(200, "done".into()).await;
     Ok(())
+}
+
+/// Reads and plans one book, in a trace of its own (a root span, which its segments and
+/// its assembly join); its warnings printed.
+fn plan_one(
+    book: &Path,
+    voice: &narrator_engine::Voice,
+    identity: &Identity,
+    read: &ReadOptions,
+) -> anyhow::Result<(JobPlan, tracing::Span)> {
+    let span = info_span!(parent: None, "submit", otel.name = %format!("submit {}", file_stem(book)),
+        narrator.source = %book.display(), narrator.voice = %voice.name, narrator.job_id = tracing::field::Empty);
+    let _entered = span.enter();
+    let ReadBook { doc, lexicon } = info_span!("read", narrator.source = %book.display())
+        .in_scope(|| read_book(book, voice, read))?;
+    for w in &doc.warnings {
+        eprintln!("warning: {}: {w}", book.display());
+    }
+    let source = book.display().to_string();
+    let plan = info_span!("plan")
+        .in_scope(|| plan_book(&doc, &source, &file_stem(book), identity, &lexicon))?;
+    drop(_entered);
+    Ok((plan, span))
+}
+
+/// Warns when no worker seen lately serves `voice` (the jobs wait in its queue); whether
+/// one does.
+async fn warn_unless_served(pool: &narrator_db::PgPool, voice: &str) -> anyhow::Result<bool> {
+    let served = voices_served(pool).await?;
+    let voice_served = served.iter().any(|v| v == voice);
+    if !voice_served {
+        eprintln!(
+            "warning: no worker seen in the last {} s serves voice {voice}: the jobs wait in its queue until one does \
+             (`narrator worker --voices {voice}`); voices served now: {}",
+            FLEET_SEEN_WITHIN.as_secs(),
+            if served.is_empty() {
+                "none".to_string()
+            } else {
+                served.join(", ")
+            }
+        );
+    }
+    Ok(voice_served)
 }
 
 /// Workers seen this recently count as the fleet.

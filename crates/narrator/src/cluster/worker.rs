@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use narrator_worker::{VoiceEngine, Worker, WorkerConfig};
 
-use crate::cli::WorkerArgs;
+use crate::cli::{EngineArgs, WorkerArgs};
 use crate::cluster;
 use crate::engine;
 use crate::paths::Paths;
@@ -52,11 +52,115 @@ impl Shutdown {
     }
 }
 
+/// One engine per voice and device: `--device cuda:0,cuda:1`, or `auto` for every GPU
+/// NVML lists when the runtime has CUDA (else the CPU); the null engine runs where
+/// `--device` says.
+fn engine_targets(
+    paths: &Paths,
+    found: Vec<(narrator_engine::Voice, EngineArgs)>,
+    null_engine: bool,
+) -> anyhow::Result<Vec<(narrator_engine::Voice, EngineArgs)>> {
+    let mut engines = Vec::new();
+    for (voice, eargs) in found {
+        let targets = if null_engine {
+            vec![eargs.device.clone()]
+        } else {
+            let selected = narrator_pipeline::load::runtime(paths, &eargs.device)?;
+            let gpus: Vec<u32> = narrator_hardware::probe()
+                .gpus
+                .iter()
+                .map(|g| g.index)
+                .collect();
+            engine::expand_devices(
+                selected.device_spec(&eargs.device),
+                selected.rt.cuda_available,
+                &gpus,
+            )?
+        };
+        for device in targets {
+            let mut e = eargs.clone();
+            e.device = device;
+            engines.push((voice.clone(), e));
+        }
+    }
+    Ok(engines)
+}
+
+/// Loads a voice for a device with the fleet's calibrations (a new one is shared with
+/// the fleet), then runs one batch at the full budget before consuming: a plan too large
+/// for the device fails (or shrinks) here, not in the middle of a book.
+async fn load_and_warm_up(
+    paths: &Paths,
+    eargs: &EngineArgs,
+    voice: narrator_engine::Voice,
+    catalog: &narrator_hardware::Catalog,
+    pool: &narrator_db::PgPool,
+    worker_id: &str,
+) -> anyhow::Result<engine::Loaded> {
+    let name = voice.name.clone();
+    let planning = match eargs.calibrate.as_deref() {
+        Some(p) => p.parse()?,
+        None => engine::Planning::Calibrate,
+    };
+    let loaded = engine::load(paths, &engine::options(eargs), voice, planning, catalog)?;
+    if let Some(c) = &loaded.calibration {
+        cluster::fleet::share(pool, c, worker_id).await?;
+    }
+    let secs = tokio::task::block_in_place(|| {
+        narrator_pipeline::warm_up(&loaded.synth, engine::ITEM_TOKENS, engine::MAX_ITEM_TOKENS)
+    })
+    .with_context(|| format!("warming up voice {name} at the planned batch"))?;
+    // The arena keeps what calibration and warm-up grew it to; a larger run gives back
+    // what it adds (`--cpu-arena bounded`), so RSS stays flat.
+    loaded.arena.settle();
+    tracing::info!(
+        voice = %name,
+        seconds = secs,
+        arena = ?loaded.arena.mode(),
+        arena_kept_tokens = loaded.arena.kept_tokens(),
+        "warm-up at the full budget done"
+    );
+    Ok(loaded)
+}
+
+/// Fault injection for tests, from the environment: `NARRATOR_TEST_FAIL_TEXT` (a segment
+/// containing it fails its batch, for good, or with `NARRATOR_TEST_FAIL_ONCE` set
+/// transiently on its first run only) and `NARRATOR_TEST_ABORT_TEXT` (a segment containing
+/// it kills the whole process when it reaches the engine, as a crash of the runtime would).
+fn with_test_faults(mut synth: narrator_pipeline::Synthesizer) -> narrator_pipeline::Synthesizer {
+    if let Ok(needle) = std::env::var("NARRATOR_TEST_FAIL_TEXT") {
+        let once = std::env::var_os("NARRATOR_TEST_FAIL_ONCE").is_some();
+        tracing::warn!(%needle, once, "fault injection on: segments containing it fail");
+        let failed = std::sync::Mutex::new(std::collections::HashSet::new());
+        synth = synth.with_fault(Arc::new(move |s| {
+            if !s.text.contains(&needle) {
+                return None;
+            }
+            if !once {
+                return Some(true);
+            }
+            let mut seen = failed.lock().unwrap_or_else(|e| e.into_inner());
+            seen.insert(s.text.clone()).then_some(false)
+        }));
+    }
+    if let Ok(needle) = std::env::var("NARRATOR_TEST_ABORT_TEXT") {
+        tracing::warn!(%needle, "fault injection on: segments containing it abort the process");
+        synth = synth.with_fault(Arc::new(move |s| {
+            if s.text.contains(&needle) {
+                eprintln!("aborting on segment {} (NARRATOR_TEST_ABORT_TEXT)", s.index);
+                std::process::abort();
+            }
+            None
+        }));
+    }
+    synth
+}
+
 /// `narrator worker`.
 pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()> {
     let mut shutdown = Shutdown::listen();
     let voices = if args.voices.is_empty() {
-        vec![args.engine_args.voice.clone()]
+        vec![args.engine_args.voice.name.clone()]
     } else {
         args.voices.clone()
     };
@@ -73,7 +177,7 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
     let mut found = Vec::new();
     for v in &voices {
         let mut e = args.engine_args.clone();
-        e.voice = v.clone();
+        e.voice.name = v.clone();
         found.push((engine::find_voice(paths, &e)?, e));
     }
     // /healthz and /readyz answer while the engines load (not ready until they are warm).
@@ -105,100 +209,24 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
     cluster::fleet::load_into(&pool, &mut catalog).await?;
     let mut loaded_engines: Vec<VoiceEngine> = Vec::new();
     let mut devices = Vec::new();
-    // One engine, plan and consumer per voice and device: `--device cuda:0,cuda:1`, or
-    // `auto` for every GPU NVML lists when the runtime has CUDA (else the CPU).
-    let mut engines = Vec::new();
-    for (voice, eargs) in found {
-        let targets = if null_engine {
-            vec![eargs.device.clone()]
-        } else {
-            let selected = crate::gpu::runtime(paths, &eargs.device)?;
-            let gpus: Vec<u32> = narrator_hardware::probe()
-                .gpus
-                .iter()
-                .map(|g| g.index)
-                .collect();
-            engine::expand_devices(
-                selected.device_spec(&eargs.device),
-                selected.rt.cuda_available,
-                &gpus,
-            )?
-        };
-        for device in targets {
-            let mut e = eargs.clone();
-            e.device = device;
-            engines.push((voice.clone(), e));
-        }
-    }
+    let engines = engine_targets(paths, found, null_engine)?;
     for (voice, eargs) in engines {
         let name = voice.name.clone();
         let loaded = if null_engine {
-            engine::load_null(paths, &eargs, voice, usize::from(args.null_samples_per_id))?
+            engine::load_null(
+                paths,
+                &engine::options(&eargs),
+                voice,
+                usize::from(args.null_samples_per_id),
+            )?
         } else {
-            let planning = match eargs.calibrate.as_deref() {
-                Some(p) => p.parse()?,
-                None => engine::Planning::Calibrate,
-            };
-            let loaded = engine::load_with(paths, &eargs, voice, planning, &catalog)?;
-            if let Some(c) = &loaded.calibration {
-                cluster::fleet::share(&pool, c, &worker_id).await?;
-            }
-            // One batch at the full budget before consuming: a plan too large for the
-            // device fails (or shrinks) here, not in the middle of a book.
-            let secs = tokio::task::block_in_place(|| {
-                narrator_pipeline::warm_up(
-                    &loaded.synth,
-                    engine::ITEM_TOKENS,
-                    engine::MAX_ITEM_TOKENS,
-                )
-            })
-            .with_context(|| format!("warming up voice {name} at the planned batch"))?;
-            // The arena keeps what calibration and warm-up grew it to; a larger run
-            // gives back what it adds (`--cpu-arena bounded`), so RSS stays flat.
-            loaded.arena.settle();
-            tracing::info!(
-                voice = %name,
-                seconds = secs,
-                arena = ?loaded.arena.mode(),
-                arena_kept_tokens = loaded.arena.kept_tokens(),
-                "warm-up at the full budget done"
-            );
-            loaded
+            load_and_warm_up(paths, &eargs, voice, &catalog, &pool, &worker_id).await?
         };
         let mut base = loaded.plan_json();
         // Which voice this plan serves: `submit` warns about voices no worker serves.
         base["voice"] = name.clone().into();
-        base["family"] = narrator_engine::family_of(&name).into();
-        let mut synth = loaded.synth;
-        if let Ok(needle) = std::env::var("NARRATOR_TEST_FAIL_TEXT") {
-            // Fault injection for tests: a segment containing this text fails its batch,
-            // for good, or (NARRATOR_TEST_FAIL_ONCE set) transiently on its first run only.
-            let once = std::env::var_os("NARRATOR_TEST_FAIL_ONCE").is_some();
-            tracing::warn!(%needle, once, "fault injection on: segments containing it fail");
-            let failed = std::sync::Mutex::new(std::collections::HashSet::new());
-            synth = synth.with_fault(Arc::new(move |s| {
-                if !s.text.contains(&needle) {
-                    return None;
-                }
-                if !once {
-                    return Some(true);
-                }
-                let mut seen = failed.lock().unwrap_or_else(|e| e.into_inner());
-                seen.insert(s.text.clone()).then_some(false)
-            }));
-        }
-        if let Ok(needle) = std::env::var("NARRATOR_TEST_ABORT_TEXT") {
-            // Fault injection for tests: a segment containing this text kills the whole
-            // process when it reaches the engine (as a crash of the runtime would).
-            tracing::warn!(%needle, "fault injection on: segments containing it abort the process");
-            synth = synth.with_fault(Arc::new(move |s| {
-                if s.text.contains(&needle) {
-                    eprintln!("aborting on segment {} (NARRATOR_TEST_ABORT_TEXT)", s.index);
-                    std::process::abort();
-                }
-                None
-            }));
-        }
+        base["family"] = loaded.synth.family().as_str().into();
+        let synth = with_test_faults(loaded.synth);
         // Two batches per session plus one being stored (the plan's prefetch).
         let prefetch = args
             .prefetch

@@ -22,32 +22,20 @@ use anyhow::bail;
 use narrator_engine::{Runtime, load_runtime};
 use narrator_hardware::cuda::{self, CudaBuild, LoaderPaths};
 
-use crate::paths::Paths;
-
-/// Which ONNX Runtime build to load (`--ort-build`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub(crate) enum OrtBuild {
-    /// The CUDA build for `--device auto|cuda:N` when installed, else the CPU build.
-    #[default]
-    Auto,
-    /// The CPU build (`.deps/onnxruntime`).
-    Cpu,
-    /// The CUDA build (`.deps/onnxruntime-gpu`, from `ops/setup.sh --gpu`).
-    Cuda,
-}
+use super::{OrtBuild, Paths};
 
 /// The runtime a process loaded, and the device spec to use with it.
 #[derive(Debug)]
-pub(crate) struct Selected {
+pub struct Selected {
     /// The loaded runtime.
-    pub(crate) rt: &'static Runtime,
+    pub rt: &'static Runtime,
     /// Why `--device auto` runs on the CPU although GPUs or a CUDA build are here.
-    pub(crate) fallback: Option<String>,
+    pub fallback: Option<String>,
 }
 
 impl Selected {
     /// The device spec to run `spec` with: `cpu` after a fallback, else `spec`.
-    pub(crate) fn device_spec<'a>(&self, spec: &'a str) -> &'a str {
+    pub fn device_spec<'a>(&self, spec: &'a str) -> &'a str {
         if self.fallback.is_some() { "cpu" } else { spec }
     }
 }
@@ -63,7 +51,7 @@ fn wants(spec: &str) -> (bool, bool) {
 
 /// The folders narrator loads CUDA libraries from: `NARRATOR_CUDA_LIBS` (a path list),
 /// else `DATA_DIR/cuda/lib`; the CUDA build's own folder always comes first.
-pub(crate) fn bundled_dirs(paths: &Paths, ort_dir: &Path) -> Vec<PathBuf> {
+pub fn bundled_dirs(paths: &Paths, ort_dir: &Path) -> Vec<PathBuf> {
     let mut dirs = vec![ort_dir.to_path_buf()];
     match std::env::var_os("NARRATOR_CUDA_LIBS") {
         Some(v) if !v.is_empty() => dirs.extend(std::env::split_paths(&v)),
@@ -73,7 +61,7 @@ pub(crate) fn bundled_dirs(paths: &Paths, ort_dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Inspects the CUDA build in `ort_dir` against this process's loader paths.
-pub(crate) fn inspect(paths: &Paths, ort_dir: &Path) -> anyhow::Result<CudaBuild> {
+pub fn inspect(paths: &Paths, ort_dir: &Path) -> anyhow::Result<CudaBuild> {
     let loader = LoaderPaths::from_env(bundled_dirs(paths, ort_dir));
     Ok(cuda::inspect(ort_dir, &loader)?)
 }
@@ -94,7 +82,7 @@ fn cuda_problem(paths: &Paths, ort_dir: &Path) -> anyhow::Result<(Option<String>
 
 /// Loads the runtime for `--device spec` once per process (later calls return the first
 /// choice whatever their spec: one runtime per process).
-pub(crate) fn runtime(paths: &Paths, spec: &str) -> anyhow::Result<&'static Selected> {
+pub fn runtime(paths: &Paths, spec: &str) -> anyhow::Result<&'static Selected> {
     if let Some(s) = SELECTED.get() {
         return Ok(s);
     }
@@ -107,7 +95,7 @@ pub(crate) fn runtime(paths: &Paths, spec: &str) -> anyhow::Result<&'static Sele
 
 /// The CUDA build a GPU device would load: `--onnxruntime` when it is one, else the
 /// installed one unless `--ort-build cpu`; `None` when there is none to load.
-pub(crate) fn cuda_library(paths: &Paths) -> anyhow::Result<Option<PathBuf>> {
+pub fn cuda_library(paths: &Paths) -> anyhow::Result<Option<PathBuf>> {
     Ok(match (&paths.explicit_onnxruntime, paths.ort_build) {
         (Some(lib), _) => lib
             .parent()
