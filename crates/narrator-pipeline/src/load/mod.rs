@@ -109,7 +109,7 @@ impl TestHooks {
 /// A loaded voice and how it will be run.
 pub struct Loaded {
     pub synth: Synthesizer,
-    /// Batches a runner keeps in flight (the sessions and one more).
+    /// Batches a runner keeps in flight (the sessions and one more; 4 for the null engine).
     pub in_flight: usize,
     /// The plan the budget came from.
     pub plan: Plan,
