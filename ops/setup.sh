@@ -29,6 +29,7 @@
 #   voices/en_US-joe-medium.onnx, .onnx.json, MODEL_CARD
 #   espeak-ng-data/                  Piper's espeak-ng data; espeak_Initialize path = .deps
 #   piper-venv/                      only with --with-piper
+#   clients-venv/                    pika and jsonschema (tests/producers.rs); only with --test
 #   onnxruntime-gpu/libonnxruntime.so.1.31.1 (+ the CUDA provider)  only with --gpu
 #   cuda/lib/                        CUDA runtime, cuBLAS, cuFFT, cuRAND, NVRTC, nvJitLink,
 #                                    cuDNN shared libraries; only with --gpu
@@ -307,6 +308,27 @@ if ((WITH_PIPER)); then
             || die "pip install into $VENV failed (is PyPI reachable for numpy, protobuf, ...?)"
         "$VENV/bin/piper" --help >/dev/null || die "$VENV/bin/piper does not run"
         echo "$VENV_TEXT" >"$VENV_STAMP"
+    fi
+fi
+
+# ---- 4a. the producers' clients of the tests ------------------------------------------------
+# Python's pika (a producer on narrator.intake, as users bring it) and jsonschema (replies and
+# requests validated against docs/schema/): tests/producers.rs runs them.
+CLIENTS="$DEPS/clients-venv"
+CLIENTS_STAMP="$CLIENTS/.narrator-ok"
+CLIENTS_TEXT="pika==1.3.2 jsonschema==4.23.0"
+if ((FOR_TESTS)); then
+    if [[ -f "$CLIENTS_STAMP" && "$(cat "$CLIENTS_STAMP")" == "$CLIENTS_TEXT" && -x "$CLIENTS/bin/python" ]]; then
+        step "clients venv: present ($CLIENTS_TEXT)"
+    else
+        step "clients venv: creating .deps/clients-venv ($CLIENTS_TEXT)"
+        rm -rf "$CLIENTS"
+        python3 -m venv "$CLIENTS"
+        # shellcheck disable=SC2086
+        "$CLIENTS/bin/python" -m pip install --quiet --disable-pip-version-check $CLIENTS_TEXT \
+            || die "pip install into $CLIENTS failed (is PyPI reachable?)"
+        "$CLIENTS/bin/python" -c "import pika, jsonschema" || die "$CLIENTS: pika or jsonschema does not import"
+        echo "$CLIENTS_TEXT" >"$CLIENTS_STAMP"
     fi
 fi
 

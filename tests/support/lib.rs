@@ -659,6 +659,32 @@ impl World {
         })
     }
 
+    /// Runs the Python producer example (`examples/producers/request.py`, with pika)
+    /// against this world's broker: `book` as the request's text, `args` its other
+    /// flags. Returns its exit status and the reply it printed (`null` without one).
+    pub fn request(&self, book: &Path, args: &[&str]) -> (i32, serde_json::Value) {
+        let out = Command::new(clients_python())
+            .arg(root().join("examples/producers/request.py"))
+            .arg(&self.amqp_url)
+            .arg(book)
+            .args(args)
+            .output()
+            .expect("run examples/producers/request.py");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let reply = stdout
+            .lines()
+            .last()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or(serde_json::Value::Null);
+        assert!(
+            out.status.code().is_some_and(|c| c < 2),
+            "no reply: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        (out.status.code().unwrap_or(-1), reply)
+    }
+
     /// `rabbitmqctl list_channels` of this vhost: (prefetch, unacknowledged) of each
     /// channel that consumes.
     pub fn consumer_holdings(&self) -> Vec<(u64, u64)> {
@@ -763,6 +789,41 @@ impl Drop for World {
 
 /// A Markdown book of `chapters` chapters of `sentences` distinct sentences each; with
 /// `extra = Some((n, text))` the n-th sentence (from 1) is `text`.
+/// The Python of the producers' clients (`.deps/clients-venv`: pika, jsonschema; made by
+/// `bash ops/setup.sh --test`).
+pub fn clients_python() -> PathBuf {
+    let python = root().join(".deps/clients-venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run `bash ops/setup.sh --test` (bash ops/test.sh does)",
+        python.display()
+    );
+    python
+}
+
+/// Checks `value` against the JSON Schema `docs/schema/NAME` with Python's `jsonschema`
+/// (a validator no one here wrote); panics with its message when it does not hold.
+pub fn assert_schema(name: &str, value: &serde_json::Value) {
+    let out = Command::new(clients_python())
+        .args([
+            "-c",
+            "import json, sys, jsonschema\n\
+             schema = json.load(open(sys.argv[1]))\n\
+             jsonschema.Draft202012Validator.check_schema(schema)\n\
+             jsonschema.validate(json.loads(sys.argv[2]), schema,\n\
+                 format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)",
+        ])
+        .arg(root().join("docs/schema").join(name))
+        .arg(value.to_string())
+        .output()
+        .expect("python jsonschema");
+    assert!(
+        out.status.success(),
+        "{value} does not follow {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn book_text(chapters: usize, sentences: usize, extra: Option<(usize, &str)>) -> String {
     let mut s = String::from("# A Test of the Distributed Mode\n\n");
     let mut n = 0;

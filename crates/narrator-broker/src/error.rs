@@ -112,7 +112,7 @@ impl BrokerError {
     }
 
     /// Wraps a lapin error with the operation that failed.
-    pub(crate) fn amqp(op: impl Into<String>, source: lapin::Error) -> Self {
+    pub fn amqp(op: impl Into<String>, source: lapin::Error) -> Self {
         Self::Amqp {
             op: op.into(),
             source,

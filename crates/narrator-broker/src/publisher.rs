@@ -104,7 +104,7 @@ impl Publisher {
     /// Publishes a body (persistent, mandatory) and waits for the confirm; a nack or a
     /// returned message is an error. After a connection loss it waits for lapin's
     /// recovery and publishes once more.
-    pub(crate) async fn publish_raw(
+    pub async fn publish_raw(
         &self,
         exchange: &str,
         routing_key: &str,

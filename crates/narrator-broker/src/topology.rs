@@ -125,6 +125,58 @@ async fn bind(
         .map_err(|e| BrokerError::amqp(format!("queue.bind {queue} → {exchange}"), e))
 }
 
+/// The producers' queue: one message per book to narrate (docs/PRODUCERS.md), served by
+/// every worker that takes intake.
+pub const INTAKE_QUEUE: &str = "narrator.intake";
+/// Where requests that cannot make a job go, with the reason in a header.
+pub const INTAKE_DEAD_QUEUE: &str = "narrator.intake.dead";
+/// The intake's dead-letter exchange (fanout to [`INTAKE_DEAD_QUEUE`]).
+pub const INTAKE_DEAD_EXCHANGE: &str = "narrator.intake.dlx";
+/// A direct exchange bound to [`INTAKE_QUEUE`] (routing key `narrator.intake`), for
+/// producers that publish to an exchange rather than the default one.
+pub const JOBS_EXCHANGE: &str = "narrator.jobs";
+/// Header of a dead-lettered request: why it made no job (one line).
+pub const INTAKE_REASON_HEADER: &str = "x-narrator-reason";
+/// Header of a dead-lettered request: the error's code, as in the reply.
+pub const INTAKE_CODE_HEADER: &str = "x-narrator-error-code";
+/// Deliveries the intake allows a request before the broker dead-letters it: a
+/// request that kills the worker serving it every time does not circle forever.
+pub const INTAKE_DELIVERY_LIMIT: u32 = 5;
+
+/// Declares the intake: [`INTAKE_QUEUE`] (a durable quorum queue with a delivery limit),
+/// its dead letters and [`JOBS_EXCHANGE`]. Idempotent; `narrator migrate` and workers
+/// that take intake declare it.
+pub async fn declare_intake(channel: &Channel) -> Result<(), BrokerError> {
+    exchange(channel, INTAKE_DEAD_EXCHANGE, ExchangeKind::Fanout).await?;
+    queue(channel, INTAKE_DEAD_QUEUE, FieldTable::default()).await?;
+    bind(
+        channel,
+        INTAKE_DEAD_QUEUE,
+        INTAKE_DEAD_EXCHANGE,
+        FieldTable::default(),
+    )
+    .await?;
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), long("quorum"));
+    args.insert(
+        "x-delivery-limit".into(),
+        AMQPValue::LongUInt(INTAKE_DELIVERY_LIMIT),
+    );
+    args.insert("x-dead-letter-exchange".into(), long(INTAKE_DEAD_EXCHANGE));
+    queue(channel, INTAKE_QUEUE, args).await?;
+    exchange(channel, JOBS_EXCHANGE, ExchangeKind::Direct).await?;
+    channel
+        .queue_bind(
+            INTAKE_QUEUE.into(),
+            JOBS_EXCHANGE.into(),
+            INTAKE_QUEUE.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| BrokerError::amqp(format!("queue.bind {INTAKE_QUEUE} → {JOBS_EXCHANGE}"), e))
+}
+
 /// Declares the shared topology and `voice`'s work queue with the default settings.
 pub async fn declare(channel: &Channel, voice: &str) -> Result<(), BrokerError> {
     declare_with(channel, voice, TopologyConfig::default()).await

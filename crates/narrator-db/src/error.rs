@@ -39,6 +39,10 @@ pub enum DbError {
     /// A plan without segments.
     #[error("a job needs at least one segment; the plan has none")]
     EmptyJob,
+    /// Another claim of the job was running, and this one was asked not to wait for it
+    /// ([`crate::ClaimLimits::skip_when_busy`]): nothing was claimed; try again shortly.
+    #[error("another claim of job {0} is running; nothing was claimed")]
+    ClaimBusy(Uuid),
     /// A job id given as text is not a UUID.
     #[error("'{text}' is not a job id (a job id is a UUID such as 0b0e5b6a-...)")]
     BadJobId {
@@ -125,6 +129,7 @@ impl DbError {
         match self {
             Self::Unavailable(_) | Self::Tls { .. } => RetryClass::Infrastructure,
             Self::Query(e) => sqlx_class(e),
+            Self::ClaimBusy(_) => RetryClass::Transient,
             Self::JobNotFound(_)
             | Self::SegmentNotFound { .. }
             | Self::DuplicateSegment(_)
@@ -147,6 +152,7 @@ impl DbError {
             Self::SegmentNotFound { .. } => "segment_not_found",
             Self::DuplicateSegment(_) => "duplicate_segment",
             Self::EmptyJob => "empty_job",
+            Self::ClaimBusy(_) => "claim_busy",
             Self::BadJobId { .. } => "bad_job_id",
             Self::WrongJob { .. } => "wrong_job",
             Self::OutOfRange { .. } => "db_out_of_range",

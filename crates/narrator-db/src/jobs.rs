@@ -118,32 +118,64 @@ pub async fn create_job_with(
     settings: &JobSettings,
     trace: Option<&TraceContext>,
 ) -> Result<Uuid, DbError> {
+    let request = JobRequestRecord::default();
+    match create_requested_job(pool, plan, (format, priority), settings, trace, &request).await? {
+        Created::New(id) | Created::Existing(id) => Ok(id),
+    }
+}
+
+/// What a producer's request adds to its job: its name (the AMQP `message_id` or its
+/// `idempotency_key`) and the producer's metadata.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobRequestRecord {
+    /// The request's name: the same name makes one job.
+    pub key: Option<String>,
+    /// The producer's JSON object, kept with the job.
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// What [`create_requested_job`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Created {
+    /// A new job.
+    New(Uuid),
+    /// The job the same request (its key) made before: nothing was recorded.
+    Existing(Uuid),
+}
+
+/// [`create_job_with`] for a producer's request: when the request has a key and a job
+/// already has it, nothing is recorded and that job is returned
+/// ([`Created::Existing`]); two deliveries of one request at once make one job (the
+/// second insert waits on the key's unique index for the first to commit).
+pub async fn create_requested_job(
+    pool: &PgPool,
+    plan: &JobPlan,
+    (format, priority): (&str, i32),
+    settings: &JobSettings,
+    trace: Option<&TraceContext>,
+    request: &JobRequestRecord,
+) -> Result<Created, DbError> {
     let id = Uuid::new_v4();
     let n = plan.segments.len();
     let total = i32::try_from(n).map_err(|_| DbError::OutOfRange {
         what: "segment count",
         value: n as u64,
     })?;
-    let (mut idx, mut chapter, mut text, mut pause, mut speaker) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for s in &plan.segments {
-        idx.push(int4("segment index", s.index)?);
-        chapter.push(int4("chapter", s.chapter)?);
-        text.push(s.text.as_str());
-        pause.push(pause_str(s.pause_after));
-        speaker.push(int4("speaker", s.speaker)?);
-    }
+    let SegmentColumns {
+        idx,
+        chapter,
+        text,
+        pause,
+        speaker,
+    } = SegmentColumns::of(plan)?;
     let mut tx = pool.begin().await?;
-    sqlx::query(
+    let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO jobs (id, content_id, title, source, voice, format, priority, \
          segments_total, chapters, warnings, metadata, cover, cover_type, lexicon, settings, \
-         traceparent, tracestate) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+         traceparent, tracestate, request_key, request_metadata) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+           $18, $19) \
+         ON CONFLICT (request_key) WHERE request_key IS NOT NULL DO NOTHING RETURNING id",
     )
     .bind(id)
     .bind(&plan.job_id)
@@ -162,9 +194,20 @@ pub async fn create_job_with(
     .bind(Json(settings))
     .bind(trace.map(|t| t.traceparent.as_str()))
     .bind(trace.and_then(|t| t.tracestate.as_deref()))
-    .execute(&mut *tx)
+    .bind(request.key.as_deref())
+    .bind(request.metadata.as_ref().map(Json))
+    .fetch_optional(&mut *tx)
     .await
     .map_err(|e| DbError::on_job(id, e))?;
+    if inserted.is_none() {
+        // The key is taken: the job its first delivery made.
+        tx.rollback().await?;
+        let existing: Uuid = sqlx::query_scalar("SELECT id FROM jobs WHERE request_key = $1")
+            .bind(request.key.as_deref())
+            .fetch_one(pool)
+            .await?;
+        return Ok(Created::Existing(existing));
+    }
     sqlx::query(
         "INSERT INTO segments (job_id, idx, chapter, text, pause_after, speaker) \
          SELECT $1, u.idx, u.chapter, u.text, u.pause_after, u.speaker \
@@ -200,7 +243,50 @@ pub async fn create_job_with(
     }
     tx.commit().await?;
     refresh_segment_statistics(pool, n).await;
-    Ok(id)
+    Ok(Created::New(id))
+}
+
+/// A plan's segments as the columns of one bulk insert.
+struct SegmentColumns<'a> {
+    idx: Vec<i32>,
+    chapter: Vec<i32>,
+    text: Vec<&'a str>,
+    pause: Vec<&'static str>,
+    speaker: Vec<i32>,
+}
+
+impl<'a> SegmentColumns<'a> {
+    fn of(plan: &'a JobPlan) -> Result<Self, DbError> {
+        let n = plan.segments.len();
+        let mut c = Self {
+            idx: Vec::with_capacity(n),
+            chapter: Vec::with_capacity(n),
+            text: Vec::with_capacity(n),
+            pause: Vec::with_capacity(n),
+            speaker: Vec::with_capacity(n),
+        };
+        for s in &plan.segments {
+            c.idx.push(int4("segment index", s.index)?);
+            c.chapter.push(int4("chapter", s.chapter)?);
+            c.text.push(s.text.as_str());
+            c.pause.push(pause_str(s.pause_after));
+            c.speaker.push(int4("speaker", s.speaker)?);
+        }
+        Ok(c)
+    }
+}
+
+/// The job a request's key made, if any.
+pub async fn job_by_request_key(
+    exec: impl sqlx::PgExecutor<'_>,
+    key: &str,
+) -> Result<Option<Uuid>, DbError> {
+    Ok(
+        sqlx::query_scalar("SELECT id FROM jobs WHERE request_key = $1")
+            .bind(key)
+            .fetch_optional(exec)
+            .await?,
+    )
 }
 
 /// Gives the planner statistics of `segments` when it has none (a fresh database: until
@@ -375,6 +461,11 @@ pub struct JobStatus {
     /// For a job that has not ended: what it is waiting on, when anything but its turn
     /// (no worker alive, no progress, a rescue, a postponed or orphaned assembly).
     pub waiting: Option<String>,
+    /// The name of the producer's request that made the job (its AMQP `message_id` or
+    /// `idempotency_key`; docs/PRODUCERS.md), if one did.
+    pub request_key: Option<String>,
+    /// The producer's metadata kept with the job.
+    pub request_metadata: Option<serde_json::Value>,
 }
 
 /// Seconds after which a worker row counts as gone (6 default heartbeats).
@@ -478,6 +569,7 @@ pub async fn job_status(
     let row = sqlx::query(
         "SELECT v.*, j.chapters, j.warnings, j.chapter_done, j.chapter_audio, j.rescues, \
            j.assembly_retry_at, j.assembly_attempts, j.assembly_error, j.assembler, \
+           j.request_key, j.request_metadata, \
            EXTRACT(EPOCH FROM now() - greatest(j.created_at, j.progress_at, j.rescued_at))::float8 \
              AS idle_seconds, \
            (SELECT count(*) FROM workers w \
@@ -513,11 +605,14 @@ pub async fn job_status(
         .collect::<Result<Vec<_>, DbError>>()?;
     let summary = summary(&row)?;
     let waiting = waiting(&row, summary.state)?;
+    let request_metadata: Option<Json<serde_json::Value>> = row.try_get("request_metadata")?;
     Ok(Some(JobStatus {
         summary,
         chapters,
         warnings,
         waiting,
+        request_key: row.try_get("request_key")?,
+        request_metadata: request_metadata.map(|Json(v)| v),
     }))
 }
 

@@ -600,6 +600,44 @@ async fn concurrent_claims_that_all_commit_keep_the_window() {
     assert_counters_agree(&pool, job, "concurrent claims").await;
 }
 
+/// A worker's top-up does not queue behind another claim of the same job: while one
+/// runs, a claim that may skip (`skip_when_busy`, as after a recording) is refused at
+/// once with `ClaimBusy` and changes nothing; once the first has committed it takes
+/// what the window has room for.
+#[tokio::test]
+async fn a_top_up_skips_a_job_another_claim_holds() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let job = create_job(&pool, &plan(2, 20), "wav", 0)
+        .await
+        .expect("create");
+    let mut first = pool.begin().await.expect("tx");
+    let held = claim_dispatch(&mut first, job, ClaimLimits::fill(4))
+        .await
+        .expect("claim")
+        .expect("running");
+    assert_eq!(indices(&held), vec![0, 1, 2, 3]);
+    let top_up = ClaimLimits {
+        at_least: 1,
+        ..ClaimLimits::after_recording(8, 0)
+    };
+    assert!(top_up.skip_when_busy, "a top-up after a recording skips");
+    let mut second = pool.begin().await.expect("tx");
+    let busy = claim_dispatch(&mut second, job, top_up).await;
+    assert!(
+        matches!(busy, Err(narrator_db::DbError::ClaimBusy(j)) if j == job),
+        "refused while the first claim runs: {busy:?}"
+    );
+    second.rollback().await.expect("rollback");
+    mark_published(&mut *first, job, &indices(&held))
+        .await
+        .expect("mark");
+    first.commit().await.expect("commit");
+    // The first claim has committed: the top-up takes the rest of its window of 8.
+    assert_eq!(claim_once(&pool, job, top_up, true).await, vec![4, 5, 6, 7]);
+    assert_counters_agree(&pool, job, "a skipped top-up").await;
+}
+
 /// A voice's window is cut from its running jobs and its live workers' prefetch.
 #[tokio::test]
 async fn fleet_shares_count_running_jobs_and_live_workers_prefetch() {

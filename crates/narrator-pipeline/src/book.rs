@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
+use narrator_audio::AudioFormat;
 use narrator_core::JobPlan;
 use narrator_engine::{ScaleOverrides, Scales, Voice};
 use narrator_text::{Document, Lexicon, LoadOptions};
@@ -195,4 +196,46 @@ pub fn file_stem(p: &Path) -> String {
         .and_then(|s| s.to_str())
         .unwrap_or("book")
         .to_string()
+}
+
+/// `--chapter-files` with a format that keeps its chapters in one file is refused.
+pub fn check_chapter_files(format: AudioFormat, chapter_files: bool) -> anyhow::Result<()> {
+    if chapter_files && !format.supports_chapter_files() {
+        bail!(
+            "--chapter-files: {format} keeps its chapters inside its one file; drop the flag, or \
+             use --format opus, mp3 or wav for one file per chapter"
+        );
+    }
+    Ok(())
+}
+
+/// What `--format` names: an audio format, or `epub3` (a read-along EPUB 3, whose audio
+/// is MP3, one file per chapter: the book's MP3 and chapter files come with it). Returns
+/// the audio format, whether there are chapter files, and whether an EPUB is wanted.
+/// (`--epub-overlay` says how fine its overlays are.)
+pub fn output_format(name: &str, chapter_files: bool) -> anyhow::Result<(AudioFormat, bool, bool)> {
+    let word = name.trim().trim_start_matches('.').to_ascii_lowercase();
+    if word == "epub3" || word == "epub" {
+        return Ok((AudioFormat::Mp3, true, true));
+    }
+    let format: AudioFormat = name.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "unknown format {name:?}; choose one of: wav, opus, mp3, m4b, epub3 (a read-along \
+             EPUB 3 with MP3 audio)"
+        )
+    })?;
+    check_chapter_files(format, chapter_files)?;
+    Ok((format, chapter_files, false))
+}
+
+/// The formats `--subtitles` names.
+pub fn subtitle_formats(names: &[String]) -> anyhow::Result<Vec<crate::SubtitleFormat>> {
+    let mut formats = Vec::new();
+    for name in names {
+        let format = name.parse()?;
+        if !formats.contains(&format) {
+            formats.push(format);
+        }
+    }
+    Ok(formats)
 }

@@ -295,20 +295,7 @@ where
 {
     let started_ms = unix_ms();
     let (prepared, deliveries): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-    // A batch holds segments of several jobs: its span is a root that links to each.
-    let batch_span = info_span!(parent: None, "batch", otel.name = "synthesize batch",
-        narrator.segments = prepared.len(),
-        narrator.utterances = prepared.iter().map(|p| p.utterances.len()).sum::<usize>());
-    let now = (Instant::now(), SystemTime::now());
-    for p in &prepared {
-        narrator_telemetry::propagate::link(&batch_span, &p.span);
-        let formed_from = now.1 - now.0.saturating_duration_since(p.queued_at);
-        narrator_telemetry::propagate::record_interval(
-            &p.span,
-            "batch formation",
-            (formed_from, now.1),
-        );
-    }
+    let batch_span = batch_span(&prepared);
     let segment_spans: Vec<tracing::Span> = prepared.iter().map(|p| p.span.clone()).collect();
     let keys: Vec<(String, u32)> = deliveries
         .iter()
@@ -317,8 +304,67 @@ where
     if let Err(e) = queue.before_engine(&keys).await {
         tracing::debug!(error = %e, "cannot mark the batch as in the engine; going on");
     }
+    let done = match infer(&stages.synth, prepared, deliveries, isolate, &batch_span).await {
+        Ok(done) => done,
+        Err((e, deliveries)) => {
+            for d in deliveries {
+                let _ = queue.requeue(d.ticket).await;
+            }
+            return Err(e);
+        }
+    };
+    if let Err(e) = queue.after_engine(&keys).await {
+        tracing::debug!(error = %e, "cannot clear the batch's engine marks; going on");
+    }
+    // The engine is free for the next batch while this one is stored (the number of
+    // batches being stored is bounded by the queue's prefetch).
+    drop(engine_slot);
+    settle_batch(
+        done,
+        (stages, queue, storer),
+        (isolate, voice),
+        (started_ms, &batch_span, segment_spans),
+    )
+    .await
+}
+
+/// Each segment's audio or error, with its delivery, in the batch's order.
+type Synthesis<T> = Vec<(
+    Result<crate::synth::Synthesized, PipelineError>,
+    Delivery<T>,
+)>;
+
+/// A batch's span: a root (a batch holds segments of several jobs) that links to each
+/// segment's, each of which records when its batch formed.
+fn batch_span(prepared: &[Prepared]) -> tracing::Span {
+    let span = info_span!(parent: None, "batch", otel.name = "synthesize batch",
+        narrator.segments = prepared.len(),
+        narrator.utterances = prepared.iter().map(|p| p.utterances.len()).sum::<usize>());
+    let now = (Instant::now(), SystemTime::now());
+    for p in prepared {
+        narrator_telemetry::propagate::link(&span, &p.span);
+        let formed_from = now.1 - now.0.saturating_duration_since(p.queued_at);
+        narrator_telemetry::propagate::record_interval(
+            &p.span,
+            "batch formation",
+            (formed_from, now.1),
+        );
+    }
+    span
+}
+
+/// One batch through the engine: each segment's audio or error, with its delivery. A
+/// failed batch in isolating mode runs again one segment at a time to find the one(s) at
+/// fault; otherwise its error comes back with the deliveries (to be requeued).
+async fn infer<T>(
+    synth: &Synthesizer,
+    prepared: Vec<Prepared>,
+    deliveries: Vec<Delivery<T>>,
+    isolate: bool,
+    batch_span: &tracing::Span,
+) -> Result<Synthesis<T>, (PipelineError, Vec<Delivery<T>>)> {
     let backup = (isolate && prepared.len() > 1).then(|| prepared.clone());
-    let done = match synthesize_caught(&stages.synth, prepared)
+    let done = match synthesize_caught(synth, prepared)
         .instrument(batch_span.clone())
         .await
     {
@@ -327,12 +373,7 @@ where
             .zip(deliveries)
             .map(|(s, d)| (Ok(s), d))
             .collect(),
-        Err(e) if !isolate => {
-            for d in deliveries {
-                let _ = queue.requeue(d.ticket).await;
-            }
-            return Err(e);
-        }
+        Err(e) if !isolate => return Err((e, deliveries)),
         Err(e) => match backup {
             None => {
                 // At most one delivery (a larger batch keeps a backup).
@@ -351,8 +392,8 @@ where
                 // Find the segment(s) at fault: each alone.
                 let mut each = Vec::with_capacity(deliveries.len());
                 for (p, d) in prepared.into_iter().zip(deliveries) {
-                    let r = synthesize_caught(&stages.synth, vec![p])
-                        .instrument(info_span!(parent: &batch_span, "isolate"))
+                    let r = synthesize_caught(synth, vec![p])
+                        .instrument(info_span!(parent: batch_span, "isolate"))
                         .await;
                     each.push((r.map(|mut v| v.remove(0)), d));
                 }
@@ -360,14 +401,24 @@ where
             }
         },
     };
-    if let Err(e) = queue.after_engine(&keys).await {
-        tracing::debug!(error = %e, "cannot clear the batch's engine marks; going on");
-    }
-    // The engine is free for the next batch while this one is stored (the number of
-    // batches being stored is bounded by the queue's prefetch).
-    drop(engine_slot);
-    // The store stage writes the batch's segments with whatever else is waiting (one
-    // pack and one database statement per job), then each delivery is settled in order.
+    Ok(done)
+}
+
+/// The store stage writes the batch's segments with whatever else is waiting (one pack
+/// and one database statement per job), then each delivery is settled in order: a
+/// stored segment acknowledged and counted, a failed one failed (isolating mode) or
+/// requeued with the error returned.
+async fn settle_batch<Q, A, S>(
+    done: Synthesis<Q::Ticket>,
+    (stages, queue, storer): (&Stages<A, S>, &Q, &Storer),
+    (isolate, voice): (bool, &str),
+    (started_ms, batch_span, segment_spans): (u64, &tracing::Span, Vec<tracing::Span>),
+) -> Result<Vec<SegmentRecord>, PipelineError>
+where
+    Q: SegmentQueue,
+    A: AudioStore,
+    S: StateStore,
+{
     let mut to_store = Vec::new();
     let mut settle = Vec::with_capacity(done.len());
     for (result, d) in done {
@@ -387,11 +438,11 @@ where
     }
     let mut stored = storer
         .store(to_store)
-        .instrument(info_span!(parent: &batch_span, "store and record"))
+        .instrument(info_span!(parent: batch_span, "store and record"))
         .await
         .into_iter();
     let mut records = Vec::with_capacity(settle.len());
-    let acks = info_span!(parent: &batch_span, "ack", otel.kind = "consumer",
+    let acks = info_span!(parent: batch_span, "ack", otel.kind = "consumer",
         messaging.system = "rabbitmq", messaging.operation.type = "settle");
     for ((failed, d), segment) in settle.into_iter().zip(segment_spans) {
         let outcome = match failed {
@@ -450,9 +501,17 @@ async fn absorb<Q: SegmentQueue>(
     }
 }
 
+/// What the phonemizing task hands the loop: a prepared delivery or why it is not one.
+type Item<T> = Result<Ready<T>, Failed<T>>;
+
 /// The worker loop: pulls segments from `queue` until it ends, phonemizing ahead on
 /// blocking threads, batching what is ready, and acknowledging each segment only after
 /// its audio is stored and its figures recorded. Returns the records it made.
+///
+/// Its steps: [`spawn_preparation`] phonemizes ahead; [`Intake::next_batch`] waits for
+/// a free engine slot and the batcher's next batch; [`Intake::drop_abandoned`] leaves
+/// out segments of jobs that ended while they waited; each batch then runs in its own
+/// task ([`run_batch`]), reaped as the loop goes.
 pub async fn work<Q, A, S>(
     queue: Arc<Q>,
     stages: &Stages<A, S>,
@@ -463,17 +522,83 @@ where
     A: AudioStore + 'static,
     S: StateStore + 'static,
 {
-    let (synth, on_event) = (&stages.synth, &stages.on_event);
-    let (tx, mut rx) = mpsc::channel::<Result<Ready<Q::Ticket>, Failed<Q::Ticket>>>(64);
-    let (pq, ps) = (queue.clone(), synth.clone());
-    let isolate = opts.isolate_failures;
-    let voice = opts.voice.clone();
-    let prep = tokio::spawn(async move {
-        // Pull deliveries in order; what has arrived together (up to PREP_CHUNK) is
-        // phonemized in one blocking task (espeak-ng runs one text at a time anyway, so
-        // this saves a thread hop per segment), and up to PREP_AHEAD such tasks overlap
-        // the queue's round trips.
-        let deliveries = stream::unfold(pq, |q| async move {
+    let (tx, rx) = mpsc::channel::<Item<Q::Ticket>>(64);
+    let prep = spawn_preparation(
+        queue.clone(),
+        stages.synth.clone(),
+        (opts.voice.clone(), opts.isolate_failures),
+        tx,
+    );
+    let slots = Arc::new(Semaphore::new(opts.in_flight.max(1)));
+    let storer = Storer::spawn(stages.clone(), opts.worker.clone(), opts.pack_max);
+    let mut tasks: JoinSet<Result<Vec<SegmentRecord>, PipelineError>> = JoinSet::new();
+    let mut intake = Intake {
+        rx,
+        input_open: true,
+        batcher: LaneBatcher::new(LANES).with_max_hold(opts.max_hold),
+        stop: opts.stop.clone(),
+    };
+    let mut finished = Vec::new();
+    let failure = loop {
+        let (mut batch, mut permit) = match intake.next_batch(&*queue, &stages.synth, &slots).await
+        {
+            Ok(Some(next)) => next,
+            Ok(None) => break None,
+            Err(e) => break Some(e),
+        };
+        if let Err(e) = intake.drop_abandoned(&mut batch, &*queue, opts).await {
+            break Some(e);
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        if batch.iter().any(|(_, d)| d.alone) && opts.in_flight > 1 {
+            // A segment that was in the engine when a process died runs with nothing else
+            // in flight: should it crash the process again, no other segment is charged.
+            let rest = u32::try_from(opts.in_flight - 1).unwrap_or(u32::MAX);
+            match slots.clone().acquire_many_owned(rest).await {
+                Ok(others) => permit.merge(others),
+                Err(_) => break Some(PipelineError::Internal("semaphore closed")),
+            }
+        }
+        batch.sort_by_key(|(p, _)| p.max_len());
+        warn_unknown_phonemes(&batch, &*stages.on_event);
+        let (stages, queue, storer) = (stages.clone(), queue.clone(), storer.clone());
+        let (isolate, voice) = (opts.isolate_failures, opts.voice.clone());
+        tasks.spawn(async move {
+            run_batch(batch, permit, &stages, &*queue, &storer, (isolate, &voice)).await
+        });
+        // Reap finished batches as we go so an error stops the job early.
+        if let Err(e) = reap(&mut tasks, &mut finished) {
+            break Some(e);
+        }
+    };
+    drop(intake);
+    let mut failure = failure;
+    while let Some(done) = tasks.join_next().await {
+        if let Err(e) = batch_result(done, &mut finished) {
+            failure = failure.or(Some(e));
+        }
+    }
+    prep.abort();
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(finished),
+    }
+}
+
+/// The phonemizing task: pulls deliveries in order; what has arrived together (up to
+/// PREP_CHUNK) is phonemized in one blocking task (espeak-ng runs one text at a time
+/// anyway, so this saves a thread hop per segment), and up to PREP_AHEAD such tasks
+/// overlap the queue's round trips. Stops after the first fatal item.
+fn spawn_preparation<Q: SegmentQueue + 'static>(
+    queue: Arc<Q>,
+    synth: Arc<Synthesizer>,
+    (voice, isolate): (String, bool),
+    tx: mpsc::Sender<Item<Q::Ticket>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let deliveries = stream::unfold(queue, |q| async move {
             match q.next().await {
                 Ok(Some(d)) => Some((Ok(d), q)),
                 Ok(None) => None,
@@ -483,45 +608,10 @@ where
         let prepared = deliveries
             .ready_chunks(PREP_CHUNK)
             .map(move |chunk| {
-                let ps = ps.clone();
-                let voice = voice.clone();
+                let (synth, voice) = (synth.clone(), voice.clone());
                 async move {
                     let n = chunk.len();
-                    let prepare_all =
-                        move || {
-                            chunk
-                                .into_iter()
-                                .map(|r| {
-                                    let d = r.map_err(|e| Failed::Fatal(e.into()))?;
-                                    let segment = d.segment.clone();
-                                    let span = segment_span(&d, &voice);
-                                    // A panic while phonemizing fails this segment only.
-                                    let prepared =
-                                        info_span!(parent: &span, "phonemize").in_scope(|| {
-                                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                                                || ps.prepare(segment),
-                                            ))
-                                            .unwrap_or_else(|_| {
-                                                Err(PipelineError::Panicked(
-                                                    "phonemizing the segment".into(),
-                                                ))
-                                            })
-                                        });
-                                    match prepared {
-                                        Ok(mut p) => {
-                                            p.span = span;
-                                            // At the scales its job recorded, if any.
-                                            p.scales = d.scales;
-                                            Ok((p, d))
-                                        }
-                                        Err(e) if isolate => {
-                                            Err(Failed::Segment(Box::new(d), Box::new(e)))
-                                        }
-                                        Err(e) => Err(Failed::Fatal(e)),
-                                    }
-                                })
-                                .collect::<Vec<_>>()
-                        };
+                    let prepare_all = move || prepare_chunk(chunk, &synth, &voice, isolate);
                     match tokio::task::spawn_blocking(prepare_all).await {
                         Ok(items) => items,
                         // The chunk's deliveries went down with the task: unacknowledged,
@@ -542,56 +632,96 @@ where
                 break;
             }
         }
-    });
+    })
+}
 
-    let slots = Arc::new(Semaphore::new(opts.in_flight.max(1)));
-    let storer = Storer::spawn(stages.clone(), opts.worker.clone(), opts.pack_max);
-    let mut tasks: JoinSet<Result<Vec<SegmentRecord>, PipelineError>> = JoinSet::new();
-    let isolate = opts.isolate_failures;
-    let mut stop = opts.stop.clone();
-    let mut finished = Vec::new();
-    let mut failure = None;
-    let mut batcher: LaneBatcher<Ready<Q::Ticket>> =
-        LaneBatcher::new(LANES).with_max_hold(opts.max_hold);
-    let mut input_open = true;
-    'outer: loop {
-        if stop.as_ref().is_some_and(|s| *s.borrow()) {
-            break;
+/// Phonemizes a chunk of deliveries (on a blocking thread), each at the scales its job
+/// recorded; a panic while phonemizing fails that segment only.
+fn prepare_chunk<T, E: Into<PipelineError>>(
+    chunk: Vec<Result<Delivery<T>, E>>,
+    synth: &Synthesizer,
+    voice: &str,
+    isolate: bool,
+) -> Vec<Item<T>> {
+    chunk
+        .into_iter()
+        .map(|r| {
+            let d = r.map_err(|e| Failed::Fatal(e.into()))?;
+            let span = segment_span(&d, voice);
+            let prepared = info_span!(parent: &span, "phonemize").in_scope(|| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    synth.prepare(d.segment.clone())
+                }))
+                .unwrap_or_else(|_| Err(PipelineError::Panicked("phonemizing the segment".into())))
+            });
+            match prepared {
+                Ok(mut p) => {
+                    p.span = span;
+                    p.scales = d.scales;
+                    Ok((p, d))
+                }
+                Err(e) if isolate => Err(Failed::Segment(Box::new(d), Box::new(e))),
+                Err(e) => Err(Failed::Fatal(e)),
+            }
+        })
+        .collect()
+}
+
+/// The loop's side of the phonemizing task: its channel, the batcher the prepared
+/// deliveries wait in, and the stop signal.
+struct Intake<T> {
+    rx: mpsc::Receiver<Item<T>>,
+    /// Until the phonemizing task has ended (the queue closed or a fatal item).
+    input_open: bool,
+    batcher: LaneBatcher<Ready<T>>,
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl<T: Send + 'static> Intake<T> {
+    /// Waits for a free engine slot, then for the batcher's next batch (under load it
+    /// fills with everything that arrived while the engine was busy). `None`: stopped,
+    /// or the queue ended and every prepared delivery went.
+    async fn next_batch<Q: SegmentQueue<Ticket = T>>(
+        &mut self,
+        queue: &Q,
+        synth: &Synthesizer,
+        slots: &Arc<Semaphore>,
+    ) -> Result<Option<(Vec<Ready<T>>, tokio::sync::OwnedSemaphorePermit)>, PipelineError> {
+        if self.stopped() {
+            return Ok(None);
         }
-        // Wait for a free slot first, then let the batcher decide: under load the batch
-        // fills with everything that arrived while the engine was busy.
-        let mut permit = slots
+        let permit = slots
             .clone()
             .acquire_owned()
             .await
             .map_err(|_| PipelineError::Internal("semaphore closed"))?;
-        let mut batch = loop {
-            while input_open {
-                match rx.try_recv() {
-                    Ok(item) => {
-                        if let Err(e) = absorb(item, &mut batcher, &*queue).await {
-                            failure = Some(e);
-                            break 'outer;
-                        }
-                    }
+        loop {
+            while self.input_open {
+                match self.rx.try_recv() {
+                    Ok(item) => absorb(item, &mut self.batcher, queue).await?,
                     Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => input_open = false,
+                    Err(mpsc::error::TryRecvError::Disconnected) => self.input_open = false,
                 }
             }
             let budget = synth.budget();
             // A worker busy with a priority book: its next deliveries come as those in
             // flight are acknowledged; the normal lane waits for them (not past the hold).
-            batcher.hold_lowest(input_open && queue.holds_higher_lane());
-            if let Some(b) = batcher.next_batch(&budget, Instant::now(), !input_open) {
-                break b;
+            self.batcher
+                .hold_lowest(self.input_open && queue.holds_higher_lane());
+            if let Some(b) = self
+                .batcher
+                .next_batch(&budget, Instant::now(), !self.input_open)
+            {
+                return Ok(Some((b, permit)));
             }
-            if !input_open && batcher.is_empty() {
-                break 'outer;
+            if !self.input_open && self.batcher.is_empty() {
+                return Ok(None);
             }
-            let deadline = batcher.deadline(&budget);
-            let stopped = async {
-                match stop.as_mut() {
-                    Some(s) => {
+            let deadline = self.batcher.deadline(&budget);
+            let stop = self.stop.clone();
+            let stopped = async move {
+                match stop {
+                    Some(mut s) => {
                         let _ = s.wait_for(|v| *v).await;
                     }
                     None => std::future::pending().await,
@@ -605,110 +735,99 @@ where
             };
             tokio::select! {
                 biased;
-                _ = stopped => break 'outer,
-                item = rx.recv(), if input_open => match item {
-                    Some(item) => {
-                        if let Err(e) = absorb(item, &mut batcher, &*queue).await {
-                            failure = Some(e);
-                            break 'outer;
-                        }
-                    }
-                    None => input_open = false,
+                _ = stopped => return Ok(None),
+                item = self.rx.recv(), if self.input_open => match item {
+                    Some(item) => absorb(item, &mut self.batcher, queue).await?,
+                    None => self.input_open = false,
                 },
                 _ = timeout => {}
             }
-        };
-        // Segments of jobs cancelled or ended while they waited never reach the device.
-        let mut jobs: Vec<String> = batch.iter().map(|(_, d)| d.job_id.clone()).collect();
-        jobs.sort();
-        jobs.dedup();
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.as_ref().is_some_and(|s| *s.borrow())
+    }
+
+    /// Segments of jobs cancelled or ended while they waited never reach the device:
+    /// when a segment of `batch` waited past the recheck, the queue is asked which of its
+    /// jobs ended, and their segments (in the batch and still in the batcher) are
+    /// acknowledged and left out. A failed look goes on with the batch as it is.
+    async fn drop_abandoned<Q: SegmentQueue<Ticket = T>>(
+        &mut self,
+        batch: &mut Vec<Ready<T>>,
+        queue: &Q,
+        opts: &RunOptions,
+    ) -> Result<(), PipelineError> {
         let waited = batch
             .iter()
             .any(|(p, _)| p.queued_at.elapsed() >= opts.recheck_after);
-        let abandoned = if waited {
-            queue.abandoned_jobs(jobs).await
-        } else {
-            Ok(Vec::new())
+        if !waited {
+            return Ok(());
+        }
+        let mut jobs: Vec<String> = batch.iter().map(|(_, d)| d.job_id.clone()).collect();
+        jobs.sort();
+        jobs.dedup();
+        let gone = match queue.abandoned_jobs(jobs).await {
+            Ok(gone) if !gone.is_empty() => gone,
+            Ok(_) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check for cancelled jobs; going on");
+                return Ok(());
+            }
         };
-        match abandoned {
-            Ok(gone) if !gone.is_empty() => {
-                let is_gone = |r: &Ready<Q::Ticket>| gone.contains(&r.1.job_id);
-                let mut dropped = batcher.drop_where(is_gone);
-                let (drop_now, keep): (Vec<_>, Vec<_>) = batch.into_iter().partition(is_gone);
-                dropped.extend(drop_now);
-                batch = keep;
-                tracing::info!(
-                    segments = dropped.len(),
-                    jobs = ?gone,
-                    "dropped segments of cancelled or ended jobs before inference"
-                );
-                for (_, d) in dropped {
-                    if let Err(e) = queue.ack(d.ticket).await {
-                        failure = Some(e.into());
-                        break 'outer;
-                    }
-                }
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot check for cancelled jobs; going on"),
+        let is_gone = |r: &Ready<T>| gone.contains(&r.1.job_id);
+        let mut dropped = self.batcher.drop_where(is_gone);
+        let (drop_now, keep): (Vec<_>, Vec<_>) =
+            std::mem::take(batch).into_iter().partition(is_gone);
+        dropped.extend(drop_now);
+        *batch = keep;
+        tracing::info!(
+            segments = dropped.len(),
+            jobs = ?gone,
+            "dropped segments of cancelled or ended jobs before inference"
+        );
+        for (_, d) in dropped {
+            queue.ack(d.ticket).await?;
         }
-        if batch.is_empty() {
-            continue;
-        }
-        if batch.iter().any(|(_, d)| d.alone) && opts.in_flight > 1 {
-            // A segment that was in the engine when a process died runs with nothing else
-            // in flight: should it crash the process again, no other segment is charged.
-            let rest = u32::try_from(opts.in_flight - 1).unwrap_or(u32::MAX);
-            let others = slots
-                .clone()
-                .acquire_many_owned(rest)
-                .await
-                .map_err(|_| PipelineError::Internal("semaphore closed"))?;
-            permit.merge(others);
-        }
-        batch.sort_by_key(|(p, _)| p.max_len());
-        for (p, _) in &batch {
-            if !p.unknown.is_empty() {
-                on_event(Event::Warning(format!(
-                    "segment {}: skipped phonemes the voice has no id for: {}",
-                    p.segment.index,
-                    p.unknown.join(" ")
-                )));
-            }
-        }
-        let stages = stages.clone();
-        let queue = queue.clone();
-        let storer = storer.clone();
-        let voice = opts.voice.clone();
-        tasks.spawn(async move {
-            run_batch(batch, permit, &stages, &*queue, &storer, (isolate, &voice)).await
-        });
-        // Reap finished batches as we go so an error stops the job early.
-        while let Some(done) = tasks.try_join_next() {
-            match done {
-                Ok(Ok(r)) => finished.extend(r),
-                Ok(Err(e)) => {
-                    failure = Some(e);
-                    break 'outer;
-                }
-                Err(e) => {
-                    failure = Some(PipelineError::Task(e.to_string()));
-                    break 'outer;
-                }
-            }
+        Ok(())
+    }
+}
+
+/// Warns of phonemes the voice has no id for (they were skipped), one event a segment.
+fn warn_unknown_phonemes<T>(batch: &[Ready<T>], on_event: &(dyn Fn(Event) + Send + Sync)) {
+    for (p, _) in batch {
+        if !p.unknown.is_empty() {
+            on_event(Event::Warning(format!(
+                "segment {}: skipped phonemes the voice has no id for: {}",
+                p.segment.index,
+                p.unknown.join(" ")
+            )));
         }
     }
-    drop(rx);
-    while let Some(done) = tasks.join_next().await {
-        match done {
-            Ok(Ok(r)) => finished.extend(r),
-            Ok(Err(e)) => failure = failure.or(Some(e)),
-            Err(e) => failure = failure.or(Some(PipelineError::Task(e.to_string()))),
+}
+
+type BatchTask = Result<Result<Vec<SegmentRecord>, PipelineError>, tokio::task::JoinError>;
+
+/// A finished batch task's records into `finished`, or its error.
+fn batch_result(done: BatchTask, finished: &mut Vec<SegmentRecord>) -> Result<(), PipelineError> {
+    match done {
+        Ok(Ok(r)) => {
+            finished.extend(r);
+            Ok(())
         }
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(PipelineError::Task(e.to_string())),
     }
-    prep.abort();
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(finished),
+}
+
+/// The batches that have finished (without waiting), until the first error.
+fn reap(
+    tasks: &mut JoinSet<Result<Vec<SegmentRecord>, PipelineError>>,
+    finished: &mut Vec<SegmentRecord>,
+) -> Result<(), PipelineError> {
+    while let Some(done) = tasks.try_join_next() {
+        batch_result(done, finished)?;
     }
+    Ok(())
 }

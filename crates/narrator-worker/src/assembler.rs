@@ -91,10 +91,6 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
             ),
         ));
     }
-    let format: AudioFormat = stored
-        .format
-        .parse()
-        .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?;
     let wall_before = narrator_db::job_status(pool, job)
         .await
         .map_err(db)?
@@ -109,46 +105,7 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
                 format!("creating a staging folder for assembly: {e}"),
             )
         })?;
-    // The voice's rate: what its segments were recorded at (the audio there is), else,
-    // none being recorded, the loaded voice's where this worker serves it.
-    let sample_rate = records
-        .first()
-        .map(|r| r.sample_rate)
-        .or_else(|| a.rates.get(&stored.plan.voice).copied())
-        .ok_or_else(|| {
-            AssemblyFailure::new(
-                RetryClass::Permanent,
-                format!(
-                    "job {job} has no segment recorded and its voice {} is not served here: its rate is unknown",
-                    stored.plan.voice
-                ),
-            )
-        })?;
-    let opts = AssembleOptions {
-        format,
-        sample_rate,
-        chapter_files: stored.settings.chapter_files,
-        pauses: Pauses {
-            sentence_ms: stored.settings.sentence_pause_ms,
-            paragraph_ms: stored.settings.paragraph_pause_ms,
-            chapter_ms: stored.settings.chapter_pause_ms,
-        },
-        staging: staging.path().to_path_buf(),
-        subtitles: stored
-            .settings
-            .subtitles
-            .iter()
-            .map(|f| f.parse())
-            .collect::<Result<_, _>>()
-            .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?,
-        epub3: stored
-            .settings
-            .epub3
-            .as_deref()
-            .map(str::parse)
-            .transpose()
-            .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?,
-    };
+    let opts = assembly_options(a, job, &stored, &records, staging.path())?;
     let segments = records.len();
     let audio_seconds: f64 = records.iter().map(|r| r.audio_seconds).sum();
     let budget = crate::liveness::assembly_budget(audio_seconds, a.wedged_after);
@@ -168,13 +125,104 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
         }
     };
     let job_text = job.to_string();
+    let outputs = outputs_of(&manifest, store, &job_text, staging.path());
+    let built = started.elapsed();
+    let finished = narrator_db::finish_with_outputs(pool, job, manifest.audio_seconds, &outputs)
+        .await
+        .map_err(db)?;
+    if !finished {
+        release_unfinished(a, job).await?;
+    }
+    tracing::info!(
+        %job,
+        segments,
+        load_s = loaded.as_secs_f64(),
+        build_s = (built - loaded).as_secs_f64(),
+        record_s = (started.elapsed() - built).as_secs_f64(),
+        "assembled"
+    );
+    if finished && !a.keep_intermediates {
+        // The outputs are stored and recorded: segment audio and packs (also those of
+        // duplicates and of workers that died before recording) are no longer needed.
+        match store.delete_intermediates(&job_text).await {
+            Ok(n) => tracing::info!(%job, objects = n, "intermediates deleted"),
+            Err(e) => tracing::warn!(%job, error = %e, "cannot delete the job's intermediates"),
+        }
+    }
+    Ok(())
+}
+
+/// The assembly's options from what the job recorded: its format, chapter files, pauses,
+/// subtitles and read-along EPUB, at the voice's rate. A setting that does not parse is
+/// permanent.
+fn assembly_options(
+    a: &Assembler,
+    job: Uuid,
+    stored: &narrator_db::StoredJob,
+    records: &[SegmentRecord],
+    staging: &std::path::Path,
+) -> Result<AssembleOptions, AssemblyFailure> {
+    let format: AudioFormat = stored
+        .format
+        .parse()
+        .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?;
+    // The voice's rate: what its segments were recorded at (the audio there is), else,
+    // none being recorded, the loaded voice's where this worker serves it.
+    let sample_rate = records
+        .first()
+        .map(|r| r.sample_rate)
+        .or_else(|| a.rates.get(&stored.plan.voice).copied())
+        .ok_or_else(|| {
+            AssemblyFailure::new(
+                RetryClass::Permanent,
+                format!(
+                    "job {job} has no segment recorded and its voice {} is not served here: its rate is unknown",
+                    stored.plan.voice
+                ),
+            )
+        })?;
+    Ok(AssembleOptions {
+        format,
+        sample_rate,
+        chapter_files: stored.settings.chapter_files,
+        pauses: Pauses {
+            sentence_ms: stored.settings.sentence_pause_ms,
+            paragraph_ms: stored.settings.paragraph_pause_ms,
+            chapter_ms: stored.settings.chapter_pause_ms,
+        },
+        staging: staging.to_path_buf(),
+        subtitles: stored
+            .settings
+            .subtitles
+            .iter()
+            .map(|f| f.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?,
+        epub3: stored
+            .settings
+            .epub3
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| AssemblyFailure::new(RetryClass::Permanent, e))?,
+    })
+}
+
+/// The outputs `manifest` names, as the job records them: the book, its chapters, the
+/// subtitles, timings and EPUB, and the manifest, with their sizes in `staging`.
+fn outputs_of(
+    manifest: &Manifest,
+    store: &S3AudioStore,
+    job_text: &str,
+    staging: &std::path::Path,
+) -> Vec<Output> {
     let size = |name: &str| {
-        std::fs::metadata(staging.path().join(name))
+        std::fs::metadata(staging.join(name))
             .map(|m| m.len())
             .unwrap_or(0)
     };
     let mut outputs = vec![Output {
-        key: store.output_key(&job_text, &manifest.book.file),
+        key: store.output_key(job_text, &manifest.book.file),
         kind: "book".into(),
         name: manifest.book.file.clone(),
         seconds: manifest.book.seconds,
@@ -183,7 +231,7 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
     outputs.extend(manifest.chapters.iter().filter_map(|c| {
         let file = c.file.as_ref()?;
         Some(Output {
-            key: store.output_key(&job_text, file),
+            key: store.output_key(job_text, file),
             kind: "chapter".into(),
             name: file.clone(),
             seconds: c.seconds,
@@ -201,7 +249,7 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
         subtitles
             .chain(chapter_subtitles)
             .map(|(file, kind)| Output {
-                key: store.output_key(&job_text, file),
+                key: store.output_key(job_text, file),
                 kind: kind.into(),
                 name: file.clone(),
                 seconds: 0.0,
@@ -209,49 +257,31 @@ pub async fn assemble_job(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailur
             }),
     );
     outputs.push(Output {
-        key: store.output_key(&job_text, "manifest.json"),
+        key: store.output_key(job_text, "manifest.json"),
         kind: "manifest".into(),
         name: "manifest.json".into(),
         seconds: 0.0,
         bytes: size("manifest.json"),
     });
-    let built = started.elapsed();
-    let finished = narrator_db::finish_with_outputs(pool, job, manifest.audio_seconds, &outputs)
-        .await
-        .map_err(db)?;
-    if !finished {
-        // Cancelled while it was assembled: what it stored is nobody's (the sweep that
-        // releases cancelled jobs may already have run). Taken over and finished by
-        // another worker: the same keys are that worker's outputs, left alone.
-        let state = narrator_db::job_state(pool, job).await.map_err(db)?;
-        if state == Some(narrator_db::JobState::Cancelled) {
-            match store.delete_job(&job_text).await {
-                Ok(n) => {
-                    tracing::info!(%job, objects = n, "assembled after a cancel; its objects are deleted")
-                }
-                Err(e) => {
-                    tracing::warn!(%job, error = %e, "cannot delete a cancelled job's objects; a sweep will")
-                }
+    outputs
+}
+
+/// After a finish that did not take: cancelled while it was assembled, what it stored is
+/// nobody's (the sweep that releases cancelled jobs may already have run); taken over and
+/// finished by another worker, the same keys are that worker's outputs, left alone.
+async fn release_unfinished(a: &Assembler, job: Uuid) -> Result<(), AssemblyFailure> {
+    let state = narrator_db::job_state(&a.pool, job).await.map_err(db)?;
+    if state == Some(narrator_db::JobState::Cancelled) {
+        match a.store.delete_job(&job.to_string()).await {
+            Ok(n) => {
+                tracing::info!(%job, objects = n, "assembled after a cancel; its objects are deleted")
             }
-        } else {
-            tracing::warn!(%job, ?state, "assembled, but the job was no longer assembling");
+            Err(e) => {
+                tracing::warn!(%job, error = %e, "cannot delete a cancelled job's objects; a sweep will")
+            }
         }
-    }
-    tracing::info!(
-        %job,
-        segments,
-        load_s = loaded.as_secs_f64(),
-        build_s = (built - loaded).as_secs_f64(),
-        record_s = (started.elapsed() - built).as_secs_f64(),
-        "assembled"
-    );
-    if finished && !a.keep_intermediates {
-        // The outputs are stored and recorded: segment audio and packs (also those of
-        // duplicates and of workers that died before recording) are no longer needed.
-        match store.delete_intermediates(&job_text).await {
-            Ok(n) => tracing::info!(%job, objects = n, "intermediates deleted"),
-            Err(e) => tracing::warn!(%job, error = %e, "cannot delete the job's intermediates"),
-        }
+    } else {
+        tracing::warn!(%job, ?state, "assembled, but the job was no longer assembling");
     }
     Ok(())
 }

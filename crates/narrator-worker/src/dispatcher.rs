@@ -9,10 +9,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use narrator_broker::Publisher;
-use narrator_db::{ClaimLimits, MIN_DISPATCH_WINDOW, PgPool, Uuid};
+use narrator_db::{ClaimLimits, DbError, MIN_DISPATCH_WINDOW, PgPool, Uuid};
 
 /// How long a voice's window is used before it is looked up again.
 const WINDOW_FRESH_FOR: Duration = Duration::from_secs(1);
+
+/// Tries of a top-up while other claims of its job run (a claim lasts a publish with
+/// confirms: milliseconds), [`BUSY_PAUSE`] (jittered) apart.
+const BUSY_TRIES: u32 = 25;
+const BUSY_PAUSE: Duration = Duration::from_millis(20);
 
 /// Publishes jobs' next segments, one dispatch at a time per job.
 pub struct Dispatcher {
@@ -83,25 +88,38 @@ impl Dispatcher {
     /// `recorded`, from there and in runs; without one (`None`, the reconciler's), in runs
     /// from where the job's claims have reached (its dispatch front: see
     /// `narrator_db::claim_dispatch`). Returns how many it published. The voice's window is looked
-    /// up again first when it is older than a second (books come and go).
+    /// up again first when it is older than a second (books come and go). A top-up after
+    /// a recording does not wait in Postgres for another worker's claim of the job: it
+    /// tries again after a short pause, [`BUSY_TRIES`] times, holding no connection
+    /// meanwhile; then it leaves the job to its next recording or the reconciler.
     pub async fn top_up(&self, job: Uuid, voice: &str, recorded: Option<u32>) -> usize {
-        let [window, high] = self.fresh_windows(voice).await;
-        let limits = recorded
-            .map_or(ClaimLimits::resume(window), |r| {
-                ClaimLimits::after_recording(window, r)
-            })
-            .with_high_window(high);
-        match crate::publish::dispatch(&self.pool, &self.publisher, &self.cluster, job, limits)
-            .await
-        {
-            Ok(n) => n,
-            Err(e) => {
-                // Left unpublished: the next recording of the job, or the reconciler,
-                // publishes them.
-                tracing::warn!(%job, error = %e, "cannot publish the job's next segments; will try again");
-                0
+        for tries in 1.. {
+            let [window, high] = self.fresh_windows(voice).await;
+            let limits = recorded
+                .map_or(ClaimLimits::resume(window), |r| {
+                    ClaimLimits::after_recording(window, r)
+                })
+                .with_high_window(high);
+            match crate::publish::dispatch(&self.pool, &self.publisher, &self.cluster, job, limits)
+                .await
+            {
+                Ok(n) => return n,
+                Err(crate::WorkerError::Db(DbError::ClaimBusy(_))) if tries < BUSY_TRIES => {
+                    tokio::time::sleep(crate::jittered(BUSY_PAUSE)).await;
+                }
+                Err(crate::WorkerError::Db(DbError::ClaimBusy(_))) => {
+                    tracing::debug!(%job, tries, "another claim of the job kept running; leaving the top-up to the next recording");
+                    return 0;
+                }
+                Err(e) => {
+                    // Left unpublished: the next recording of the job, or the reconciler,
+                    // publishes them.
+                    tracing::warn!(%job, error = %e, "cannot publish the job's next segments; will try again");
+                    return 0;
+                }
             }
         }
+        0
     }
 
     /// Tops `job` up in the background after segments up to index `recorded` were

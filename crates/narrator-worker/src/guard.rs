@@ -93,178 +93,210 @@ impl GuardedQueue {
         self.inner.close().await
     }
 
+    /// The next delivery that needs work: from those checked already, else from the
+    /// next group the consumer hands out ([`Self::check_group`]), after any outage's
+    /// pause ([`Self::wait_out_outage`]). `None`: the consumer has ended.
     async fn next_inner(&self) -> Result<Option<Delivery<GuardTicket>>, SeamError> {
         let mut ready = self.ready.lock().await;
         loop {
             if let Some(d) = ready.pop_front() {
                 return Ok(Some(d));
             }
-            // During an outage, wait out its pause before taking more work: the
-            // deliveries would only be postponed again. Checked every second, so work
-            // resumes as soon as a segment in flight gets through.
-            loop {
-                let pause = self.outages.pause();
-                if pause.is_zero() {
-                    break;
-                }
-                tracing::debug!(
-                    seconds = pause.as_secs_f64(),
-                    "outage: pausing before the next deliveries"
-                );
-                tokio::time::sleep(pause.min(Duration::from_secs(1))).await;
-            }
+            self.wait_out_outage().await;
             let group = self.inner.next_deliveries(CHECK_GROUP).await?;
             if group.is_empty() {
                 return Ok(None);
             }
-            // Each message is checked alone first: one that no segment can match is
-            // dead-lettered with its reason, and the rest of its group goes on.
-            let mut parsed = Vec::with_capacity(group.len());
-            for d in group {
-                match addressable(&d.job_id, d.segment.index) {
-                    Ok(job) => parsed.push((job, d)),
-                    Err(reason) => {
-                        tracing::warn!(job = %d.job_id, index = d.segment.index, %reason, "dead-lettering a message that names no segment");
-                        let decision = Decision::DeadLetter { reason };
-                        self.inner.settle(d.ticket, decision).await?;
-                    }
-                }
+            self.check_group(group, &mut ready).await?;
+        }
+    }
+
+    /// During an outage, waits out its pause before taking more work: the deliveries
+    /// would only be postponed again. Checked every second, so work resumes as soon as a
+    /// segment in flight gets through.
+    async fn wait_out_outage(&self) {
+        loop {
+            let pause = self.outages.pause();
+            if pause.is_zero() {
+                return;
             }
-            let keys: Vec<DeliveryKey> = parsed
-                .iter()
-                .map(|(job, d)| DeliveryKey {
-                    job: *job,
-                    index: d.segment.index,
-                    returned: d.ticket.returned(),
-                    // What is synthesized must be what was submitted: the database's.
-                    content: Some((d.segment.text.clone(), d.segment.speaker)),
-                })
-                .collect();
-            let checks = match narrator_db::check_deliveries(
-                &self.pool,
-                &keys,
-                self.instance,
-                self.stale,
-            )
-            .await
-            {
-                // One check per delivery, in their order (see check_segments).
-                Ok(c) => c,
-                Err(e) => {
-                    // The database is away: the messages come back later, not charged
-                    // an attempt when the cause is an outage.
-                    tracing::debug!(error = %e, deliveries = parsed.len(), "cannot check deliveries; retrying them later");
-                    let failure = Failure {
-                        kind: e.kind(),
-                        class: e.retry_class(),
-                        reason: e.to_string(),
-                    };
-                    for (_, d) in parsed {
-                        let decision = self.inner.decision_for(&d.ticket, &failure);
-                        self.inner.settle(d.ticket, decision).await?;
-                    }
-                    if failure.class == RetryClass::Infrastructure {
-                        self.outages.failed(failure.kind, &failure.reason);
-                    } else {
-                        tokio::time::sleep(crate::jittered(Duration::from_millis(500))).await;
-                    }
-                    continue;
-                }
-            };
-            for ((job, d), history) in parsed.into_iter().zip(checks) {
-                let index = d.segment.index;
-                let returned = d.ticket.returned();
-                let ticket = GuardTicket {
-                    job,
-                    index,
-                    attempt: d.attempt,
-                    inner: d.ticket,
-                };
-                let given_up = |kind: &'static str, reason: String| Failure {
-                    kind,
-                    class: RetryClass::Permanent,
-                    reason,
-                };
-                match history.check {
-                    SegmentCheck::Mismatch => {
-                        let reason = format!(
-                            "the message's text or speaker for segment {index} of job {job} is not \
-                             the one recorded in the database (forged or corrupted); refused"
-                        );
-                        tracing::warn!(%job, index, "{reason}");
-                        self.inner
-                            .settle(ticket.inner, Decision::DeadLetter { reason })
-                            .await?;
-                    }
-                    SegmentCheck::Work if history.engine_crashes >= MAX_ENGINE_CRASHES => {
-                        let failure = given_up(
-                            "engine_crash",
-                            format!(
-                                "a worker process died {} times while synthesizing this segment (it crashes the engine)",
-                                history.engine_crashes
-                            ),
-                        );
-                        self.fail(ticket, &failure).await?;
-                    }
-                    SegmentCheck::Work if history.returns > MAX_RETURNS => {
-                        let failure = given_up(
-                            "returned",
-                            format!(
-                                "delivered to {} workers that went away before finishing it",
-                                history.returns
-                            ),
-                        );
-                        self.fail(ticket, &failure).await?;
-                    }
-                    SegmentCheck::Work if d.attempt > MAX_ATTEMPTS && !returned => {
-                        let failure = given_up(
-                            "delivery_limit",
-                            format!(
-                                "delivered {} times without being finished (workers stopped or died holding it)",
-                                d.attempt
-                            ),
-                        );
-                        self.fail(ticket, &failure).await?;
-                    }
-                    SegmentCheck::Work if returned => {
-                        // A consumer went away holding it (a process died, a connection
-                        // dropped): not this segment's fault. Back to the queue with the
-                        // attempts charged before, so the broker's delivery limit never
-                        // takes the neighbours of a segment that kills its process.
-                        tracing::debug!(%job, index, crashes = history.engine_crashes, "returned by a consumer that went away; released uncharged");
-                        self.inner.settle(ticket.inner, Decision::Release).await?;
-                    }
-                    SegmentCheck::Work => ready.push_back(Delivery {
-                        // Canonical from here on: store keys, records and clean-up name a
-                        // job one way (`{…}`, `urn:uuid:` or upper-case forms parse too).
-                        job_id: job.to_string(),
-                        // At the job's rate, timed if the job wants words, as recorded
-                        // (a message's own settings are ignored).
-                        segment: Segment {
-                            speed: history.speed,
-                            timed: history.timed,
-                            ..d.segment
-                        },
-                        // The scales its job's identity was hashed with, as the job
-                        // recorded them (none for older jobs: the worker's own at the
-                        // job's rate).
-                        scales: history.scales,
-                        attempt: d.attempt,
-                        enqueued_at_ms: d.enqueued_at_ms,
-                        lane: d.lane,
-                        // In the engine when a process died: alone from now on, so it
-                        // cannot take others down with it.
-                        alone: history.engine_crashes > 0,
-                        trace: d.trace,
-                        ticket,
-                    }),
-                    other => {
-                        tracing::debug!(%job, index, ?other, worker = %self.worker, "skipping a delivery that needs no work");
-                        self.inner.settle(ticket.inner, Decision::Ack).await?;
-                    }
+            tracing::debug!(
+                seconds = pause.as_secs_f64(),
+                "outage: pausing before the next deliveries"
+            );
+            tokio::time::sleep(pause.min(Duration::from_secs(1))).await;
+        }
+    }
+
+    /// Checks a group of deliveries against the database in one statement: those that
+    /// need work go to `ready`, the rest are settled ([`Self::admit`]). A message that no
+    /// segment can match is dead-lettered with its reason first, alone; the database
+    /// away settles the whole group for later, not charged an attempt when the cause is
+    /// an outage.
+    async fn check_group(
+        &self,
+        group: Vec<Delivery<narrator_broker::Ticket>>,
+        ready: &mut VecDeque<Delivery<GuardTicket>>,
+    ) -> Result<(), SeamError> {
+        let mut parsed = Vec::with_capacity(group.len());
+        for d in group {
+            match addressable(&d.job_id, d.segment.index) {
+                Ok(job) => parsed.push((job, d)),
+                Err(reason) => {
+                    tracing::warn!(job = %d.job_id, index = d.segment.index, %reason, "dead-lettering a message that names no segment");
+                    let decision = Decision::DeadLetter { reason };
+                    self.inner.settle(d.ticket, decision).await?;
                 }
             }
         }
+        let keys: Vec<DeliveryKey> = parsed
+            .iter()
+            .map(|(job, d)| DeliveryKey {
+                job: *job,
+                index: d.segment.index,
+                returned: d.ticket.returned(),
+                // What is synthesized must be what was submitted: the database's.
+                content: Some((d.segment.text.clone(), d.segment.speaker)),
+            })
+            .collect();
+        let checks = match narrator_db::check_deliveries(
+            &self.pool,
+            &keys,
+            self.instance,
+            self.stale,
+        )
+        .await
+        {
+            // One check per delivery, in their order (see check_segments).
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, deliveries = parsed.len(), "cannot check deliveries; retrying them later");
+                let failure = Failure {
+                    kind: e.kind(),
+                    class: e.retry_class(),
+                    reason: e.to_string(),
+                };
+                for (_, d) in parsed {
+                    let decision = self.inner.decision_for(&d.ticket, &failure);
+                    self.inner.settle(d.ticket, decision).await?;
+                }
+                if failure.class == RetryClass::Infrastructure {
+                    self.outages.failed(failure.kind, &failure.reason);
+                } else {
+                    tokio::time::sleep(crate::jittered(Duration::from_millis(500))).await;
+                }
+                return Ok(());
+            }
+        };
+        for ((job, d), history) in parsed.into_iter().zip(checks) {
+            self.admit(job, d, history, ready).await?;
+        }
+        Ok(())
+    }
+
+    /// One checked delivery: to `ready` when it needs work (at the settings its job
+    /// recorded), else settled: a forged message dead-lettered, a segment past its crash,
+    /// return or attempt limits failed for good, one returned by a consumer that went away
+    /// released uncharged, one that needs no work acknowledged.
+    async fn admit(
+        &self,
+        job: Uuid,
+        d: Delivery<narrator_broker::Ticket>,
+        history: narrator_db::DeliveryHistory,
+        ready: &mut VecDeque<Delivery<GuardTicket>>,
+    ) -> Result<(), SeamError> {
+        let index = d.segment.index;
+        let returned = d.ticket.returned();
+        let ticket = GuardTicket {
+            job,
+            index,
+            attempt: d.attempt,
+            inner: d.ticket,
+        };
+        let given_up = |kind: &'static str, reason: String| Failure {
+            kind,
+            class: RetryClass::Permanent,
+            reason,
+        };
+        match history.check {
+            SegmentCheck::Mismatch => {
+                let reason = format!(
+                    "the message's text or speaker for segment {index} of job {job} is not \
+                     the one recorded in the database (forged or corrupted); refused"
+                );
+                tracing::warn!(%job, index, "{reason}");
+                self.inner
+                    .settle(ticket.inner, Decision::DeadLetter { reason })
+                    .await?;
+            }
+            SegmentCheck::Work if history.engine_crashes >= MAX_ENGINE_CRASHES => {
+                let failure = given_up(
+                    "engine_crash",
+                    format!(
+                        "a worker process died {} times while synthesizing this segment (it crashes the engine)",
+                        history.engine_crashes
+                    ),
+                );
+                self.fail(ticket, &failure).await?;
+            }
+            SegmentCheck::Work if history.returns > MAX_RETURNS => {
+                let failure = given_up(
+                    "returned",
+                    format!(
+                        "delivered to {} workers that went away before finishing it",
+                        history.returns
+                    ),
+                );
+                self.fail(ticket, &failure).await?;
+            }
+            SegmentCheck::Work if d.attempt > MAX_ATTEMPTS && !returned => {
+                let failure = given_up(
+                    "delivery_limit",
+                    format!(
+                        "delivered {} times without being finished (workers stopped or died holding it)",
+                        d.attempt
+                    ),
+                );
+                self.fail(ticket, &failure).await?;
+            }
+            SegmentCheck::Work if returned => {
+                // A consumer went away holding it (a process died, a connection
+                // dropped): not this segment's fault. Back to the queue with the
+                // attempts charged before, so the broker's delivery limit never
+                // takes the neighbours of a segment that kills its process.
+                tracing::debug!(%job, index, crashes = history.engine_crashes, "returned by a consumer that went away; released uncharged");
+                self.inner.settle(ticket.inner, Decision::Release).await?;
+            }
+            SegmentCheck::Work => ready.push_back(Delivery {
+                // Canonical from here on: store keys, records and clean-up name a
+                // job one way (`{…}`, `urn:uuid:` or upper-case forms parse too).
+                job_id: job.to_string(),
+                // At the job's rate, timed if the job wants words, as recorded
+                // (a message's own settings are ignored).
+                segment: Segment {
+                    speed: history.speed,
+                    timed: history.timed,
+                    ..d.segment
+                },
+                // The scales its job's identity was hashed with, as the job
+                // recorded them (none for older jobs: the worker's own at the
+                // job's rate).
+                scales: history.scales,
+                attempt: d.attempt,
+                enqueued_at_ms: d.enqueued_at_ms,
+                lane: d.lane,
+                // In the engine when a process died: alone from now on, so it
+                // cannot take others down with it.
+                alone: history.engine_crashes > 0,
+                trace: d.trace,
+                ticket,
+            }),
+            other => {
+                tracing::debug!(%job, index, ?other, worker = %self.worker, "skipping a delivery that needs no work");
+                self.inner.settle(ticket.inner, Decision::Ack).await?;
+            }
+        }
+        Ok(())
     }
 }
 

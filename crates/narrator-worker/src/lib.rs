@@ -26,6 +26,7 @@ pub mod dispatcher;
 pub mod gauges;
 pub mod guard;
 pub mod heartbeat;
+pub mod intake;
 pub mod liveness;
 pub mod outage;
 pub mod publish;
@@ -117,6 +118,9 @@ pub struct WorkerConfig {
     /// priority flood never holds normal-lane deliveries up to the broker's
     /// `consumer_timeout`.
     pub max_hold: Duration,
+    /// Serve the producers' intake (`narrator.intake`, [`intake`]) with these settings;
+    /// `None`: this worker takes no requests (`--no-intake`).
+    pub intake: Option<intake::IntakeConfig>,
 }
 
 /// A worker's failure.
@@ -163,6 +167,18 @@ pub enum WorkerError {
     },
 }
 
+impl WorkerError {
+    /// How a failure of this kind is retried: the broker's and the database's say;
+    /// the worker's own (a loop, a wedge, a lost connection) are outages of this process.
+    pub fn retry_class(&self) -> narrator_core::RetryClass {
+        match self {
+            Self::Broker(e) => e.retry_class(),
+            Self::Db(e) => e.retry_class(),
+            _ => narrator_core::RetryClass::Infrastructure,
+        }
+    }
+}
+
 /// What a worker did, once stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Summary {
@@ -185,244 +201,369 @@ pub struct Worker {
     wedge: Arc<liveness::Wedge>,
 }
 
+/// What every engine loop of a worker shares (and the services after them).
+struct EngineShared {
+    pool: PgPool,
+    store: S3AudioStore,
+    cluster: String,
+    id: String,
+    instance: Uuid,
+    every: Duration,
+    stop: watch::Receiver<bool>,
+    complete_tx: mpsc::UnboundedSender<Uuid>,
+    done: Arc<AtomicU64>,
+    outages: Arc<outage::Outages>,
+    dispatcher: Arc<dispatcher::Dispatcher>,
+}
+
+/// The services' settings, from the worker's configuration and its engine loops.
+struct ServiceSettings {
+    describe: Arc<heartbeat::Describe>,
+    watched: Vec<(String, Arc<Synthesizer>)>,
+    voices: Vec<String>,
+    rates: std::collections::HashMap<String, u32>,
+    health: Arc<Health>,
+    wedge: Arc<liveness::Wedge>,
+    gauges: bool,
+    lease: Duration,
+    reconcile_after: Duration,
+    wedged_after: Duration,
+    keep_intermediates: bool,
+}
+
+/// Writes the worker's row before anything is consumed: it names this process
+/// (`instance`), so claims and engine marks of a predecessor under the same id are told
+/// from ours.
+async fn register(config: &WorkerConfig, instance: Uuid) -> Result<(), WorkerError> {
+    let first = narrator_db::WorkerInfo {
+        id: config.id.clone(),
+        host: config.host.clone(),
+        device: config.device.clone(),
+        hardware: config.hardware.clone(),
+        plan: serde_json::Value::Array(Vec::new()),
+        instance: Some(instance),
+        stale_after: Some(config.heartbeat * 6),
+    };
+    narrator_db::heartbeat(&config.pool, &first, 0).await?;
+    Ok(())
+}
+
+/// Declares the queues of the voices served (each once); returns their names.
+async fn declare_queues(
+    conn: &lapin::Connection,
+    voices: &[VoiceEngine],
+) -> Result<Vec<String>, WorkerError> {
+    let channel = open_channel(conn).await?;
+    let mut names: Vec<String> = Vec::new();
+    for v in voices {
+        if !names.contains(&v.voice) {
+            narrator_broker::declare(&channel, &v.voice).await?;
+            names.push(v.voice.clone());
+        }
+    }
+    Ok(names)
+}
+
+/// A new channel on `conn`.
+async fn open_channel(conn: &lapin::Connection) -> Result<lapin::Channel, WorkerError> {
+    Ok(conn.create_channel().await.map_err(|e| BrokerError::Amqp {
+        op: "channel.open".into(),
+        source: e,
+    })?)
+}
+
 impl Worker {
     /// Connects to the broker, declares the voices' queues, reads the cluster id and
-    /// starts every loop: per engine a consumer and the pipeline, then the heartbeat,
-    /// the reconciler (outbox and stuck jobs) and the assembler.
+    /// starts every loop: per engine a consumer and the pipeline
+    /// ([`Worker::spawn_engine_loop`]), then the services
+    /// ([`Worker::spawn_services`]): heartbeat, gauges, the reconciler (outbox and stuck
+    /// jobs) and the assembler.
     pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
-        let WorkerConfig {
-            id,
-            host,
-            engine,
-            voices,
-            pool,
-            store,
-            amqp_url,
-            amqp_ca_file,
-            device,
-            hardware,
-            pack_max,
-            reconcile_after,
-            heartbeat: every,
-            lease,
-            keep_intermediates,
-            broker_timeout,
-            postpone_budget,
-            wedged_after,
-            health,
-            gauges,
-            max_hold,
-        } = config;
+        let health = config.health.clone();
         let wedge = liveness::Wedge::new(health.clone());
         health.set("broker", false, "connecting");
         health.set("database", false, "connecting");
         let instance = Uuid::new_v4();
-        let cluster = narrator_db::cluster_id(&pool).await?;
-        // The worker's row names this process before anything is consumed: claims and
-        // engine marks of a predecessor under the same id are then told from ours.
-        let first = narrator_db::WorkerInfo {
-            id: id.clone(),
-            host: host.clone(),
-            device: device.clone(),
-            hardware: hardware.clone(),
-            plan: serde_json::Value::Array(Vec::new()),
-            instance: Some(instance),
-            stale_after: Some(every * 6),
-        };
-        narrator_db::heartbeat(&pool, &first, 0).await?;
+        let pool = config.pool.clone();
+        let cluster = narrator_db::cluster_id(&pool).await?.to_string();
+        let every = config.heartbeat;
+        register(&config, instance).await?;
         let conn = narrator_broker::connect_with(
-            &amqp_url,
-            &format!("narrator-worker {id}"),
-            amqp_ca_file.as_deref(),
+            &config.amqp_url,
+            &format!("narrator-worker {}", config.id),
+            config.amqp_ca_file.as_deref(),
         )
         .await?;
-        let channel = conn.create_channel().await.map_err(|e| BrokerError::Amqp {
-            op: "channel.open".into(),
-            source: e,
-        })?;
-        let mut names: Vec<String> = Vec::new();
-        // Each served voice's output rate, as its loaded voice says: what the assembler
-        // makes its jobs' outputs at.
-        let rates: std::collections::HashMap<String, u32> = voices
-            .iter()
-            .map(|v| (v.voice.clone(), v.synth.sample_rate()))
-            .collect();
-        for v in &voices {
-            if !names.contains(&v.voice) {
-                narrator_broker::declare(&channel, &v.voice).await?;
-                names.push(v.voice.clone());
-            }
-        }
+        let names = declare_queues(&conn, &config.voices).await?;
         let (stop_tx, stop) = watch::channel(false);
         let (complete_tx, complete_rx) = mpsc::unbounded_channel();
-        let done = Arc::new(AtomicU64::new(0));
-        let mut reports = Vec::new();
-        let outages = Arc::new(outage::Outages::new());
-        let mut loops = tokio::task::JoinSet::new();
-        let mut watched = Vec::new();
         let dispatcher = Arc::new(dispatcher::Dispatcher::new(
             pool.clone(),
             Publisher::new(&conn).await?,
-            cluster.to_string(),
+            cluster.clone(),
             every * 6,
         ));
+        let shared = EngineShared {
+            pool: pool.clone(),
+            store: config.store.clone(),
+            cluster,
+            id: config.id.clone(),
+            instance,
+            every,
+            stop,
+            complete_tx,
+            done: Arc::new(AtomicU64::new(0)),
+            outages: Arc::new(outage::Outages::new()),
+            dispatcher,
+        };
+        let mut loops = tokio::task::JoinSet::new();
+        let mut reports = Vec::new();
+        let mut watched = Vec::new();
+        // Each served voice's output rate, as its loaded voice says: what the assembler
+        // makes its jobs' outputs at.
+        let rates: std::collections::HashMap<String, u32> = config
+            .voices
+            .iter()
+            .map(|v| (v.voice.clone(), v.synth.sample_rate()))
+            .collect();
+        let WorkerConfig {
+            voices,
+            engine,
+            pack_max,
+            postpone_budget,
+            max_hold,
+            ..
+        } = config;
         for v in voices {
-            let name = v.voice.clone();
-            let synth = Arc::new(v.synth);
-            watched.push((name.clone(), synth.clone()));
-            let consumer = Consumer::start(&conn, &name, v.prefetch)
-                .await?
-                .for_cluster(cluster.to_string())
-                .with_postpone_budget(postpone_budget);
-            reports.push(heartbeat::Report {
-                voice: name.clone(),
-                engine: engine.clone(),
-                prefetch: v.prefetch,
-                base: v.plan,
-                synth: synth.clone(),
-                held: consumer.held_counter(),
-                held_high: consumer.held_high_counter(),
-            });
-            let queue = Arc::new(
-                guard::GuardedQueue::new(
-                    consumer,
-                    pool.clone(),
-                    stop.clone(),
-                    id.clone(),
-                    outages.clone(),
-                    (instance, every * 6),
-                )
-                .with_dispatcher(dispatcher.clone(), name.clone()),
-            );
-            let stages = Stages {
-                synth,
-                store: Arc::new(store.clone()),
-                state: Arc::new(state::ClusterState::new(
-                    pool.clone(),
-                    complete_tx.clone(),
-                    done.clone(),
-                    (dispatcher.clone(), name.clone()),
-                )),
-                on_event: Arc::new(|e| {
-                    if let Event::Warning(w) = e {
-                        tracing::warn!("{w}");
-                    }
-                }),
-            };
-            let opts = RunOptions {
-                worker: id.clone(),
-                in_flight: v.in_flight,
-                isolate_failures: true,
-                stop: Some(stop.clone()),
-                // Segments are checked in Postgres when delivered; only those that then
-                // waited (a full device, a long max_wait) are checked again.
-                recheck_after: Duration::from_secs(1),
-                pack_max,
-                voice: name.clone(),
-                max_hold,
-            };
-            loops.spawn(async move {
-                let result = work(queue.clone(), &stages, &opts).await;
-                // Deliveries prefetched but not started go back to the queue.
-                let _ = queue.close().await;
-                result.map(|_| ()).map_err(|source| WorkerError::Loop {
-                    voice: name,
-                    source,
-                })
-            });
+            let report = Self::spawn_engine_loop(
+                &shared,
+                &conn,
+                v,
+                (&engine, pack_max, postpone_budget, max_hold),
+                &mut loops,
+            )
+            .await?;
+            watched.push((report.voice.clone(), report.synth.clone()));
+            reports.push(report);
         }
         let describe = Arc::new(heartbeat::Describe {
-            id: id.clone(),
-            host,
-            device,
-            hardware,
+            id: config.id.clone(),
+            host: config.host,
+            device: config.device,
+            hardware: config.hardware,
             instance,
             stale_after: every * 6,
             reports,
-            outages,
+            outages: shared.outages.clone(),
             wedge: wedge.clone(),
             last: std::sync::Mutex::new(None),
         });
         health.set("broker", true, format!("consuming {}", names.join(", ")));
         health.set("database", true, "reachable");
-        // A heartbeat may wait for the database's statement timeout before it fails.
-        health.expect_loop("heartbeat", every * 3 + Duration::from_secs(130));
-        health.expect_loop("broker watch", Duration::from_secs(30));
-        let mut services = tokio::task::JoinSet::new();
-        services.spawn(liveness::watch_engines(
-            watched,
-            wedged_after,
-            wedge.clone(),
-            stop.clone(),
-        ));
-        services.spawn(heartbeat::heartbeat(
-            pool.clone(),
-            describe.clone(),
-            done.clone(),
-            (every, health.clone()),
-            stop.clone(),
-        ));
-        if gauges {
-            services.spawn(gauges::gauges(
-                gauges::Gauges {
-                    pool: pool.clone(),
-                    channel: conn.create_channel().await.map_err(|e| BrokerError::Amqp {
-                        op: "channel.open".into(),
-                        source: e,
-                    })?,
-                    describe: describe.clone(),
-                    lease,
-                },
-                stop.clone(),
-            ));
-        }
-        services.spawn(reconciler::reconciler(
-            reconciler::Reconciler {
-                pool: pool.clone(),
-                publisher: Publisher::new(&conn).await?,
-                channel: conn.create_channel().await.map_err(|e| BrokerError::Amqp {
-                    op: "channel.open".into(),
-                    source: e,
-                })?,
-                cluster: cluster.to_string(),
-                dispatcher,
+        let mut services = Self::spawn_services(
+            &shared,
+            &conn,
+            ServiceSettings {
+                describe: describe.clone(),
+                watched,
                 voices: names,
-                unpublished_after: reconcile_after,
-                lease,
-                heartbeat: every,
-                suspected: std::collections::BTreeMap::new(),
-            },
-            stop.clone(),
-        ));
-        services.spawn(assembler::assembler(
-            assembler::Assembler {
-                pool: pool.clone(),
-                store,
-                worker: id.clone(),
-                instance,
-                stale: every * 6,
-                keep_intermediates,
-                release_after: lease,
-                wedge: wedge.clone(),
-                wedged_after,
                 rates,
+                health: health.clone(),
+                wedge: wedge.clone(),
+                gauges: config.gauges,
+                lease: config.lease,
+                reconcile_after: config.reconcile_after,
+                wedged_after: config.wedged_after,
+                keep_intermediates: config.keep_intermediates,
             },
             complete_rx,
-            stop.clone(),
-        ));
+        )
+        .await?;
+        if let Some(config) = config.intake.clone() {
+            Self::spawn_intake(&shared, &conn, config, &mut services).await?;
+        }
         Ok(Self {
-            id,
-            broker_timeout,
+            id: config.id,
+            broker_timeout: config.broker_timeout,
             pool,
             conn,
             stop_tx,
             loops,
             services,
             describe,
-            done,
+            done: shared.done,
             health,
             wedge,
         })
+    }
+
+    /// One served voice: its consumer, the guarded queue over it, and the pipeline's
+    /// worker loop in `loops` (prefetched deliveries go back to the queue when it ends).
+    /// Returns what the heartbeat reports of it.
+    async fn spawn_engine_loop(
+        shared: &EngineShared,
+        conn: &lapin::Connection,
+        v: VoiceEngine,
+        (engine, pack_max, postpone_budget, max_hold): (&str, usize, Duration, Duration),
+        loops: &mut tokio::task::JoinSet<Result<(), WorkerError>>,
+    ) -> Result<heartbeat::Report, WorkerError> {
+        let name = v.voice.clone();
+        let synth = Arc::new(v.synth);
+        let consumer = Consumer::start(conn, &name, v.prefetch)
+            .await?
+            .for_cluster(shared.cluster.clone())
+            .with_postpone_budget(postpone_budget);
+        let report = heartbeat::Report {
+            voice: name.clone(),
+            engine: engine.to_string(),
+            prefetch: v.prefetch,
+            base: v.plan,
+            synth: synth.clone(),
+            held: consumer.held_counter(),
+            held_high: consumer.held_high_counter(),
+        };
+        let queue = Arc::new(
+            guard::GuardedQueue::new(
+                consumer,
+                shared.pool.clone(),
+                shared.stop.clone(),
+                shared.id.clone(),
+                shared.outages.clone(),
+                (shared.instance, shared.every * 6),
+            )
+            .with_dispatcher(shared.dispatcher.clone(), name.clone()),
+        );
+        let stages = Stages {
+            synth,
+            store: Arc::new(shared.store.clone()),
+            state: Arc::new(state::ClusterState::new(
+                shared.pool.clone(),
+                shared.complete_tx.clone(),
+                shared.done.clone(),
+                (shared.dispatcher.clone(), name.clone()),
+            )),
+            on_event: Arc::new(|e| {
+                if let Event::Warning(w) = e {
+                    tracing::warn!("{w}");
+                }
+            }),
+        };
+        let opts = RunOptions {
+            worker: shared.id.clone(),
+            in_flight: v.in_flight,
+            isolate_failures: true,
+            stop: Some(shared.stop.clone()),
+            // Segments are checked in Postgres when delivered; only those that then
+            // waited (a full device, a long max_wait) are checked again.
+            recheck_after: Duration::from_secs(1),
+            pack_max,
+            voice: name.clone(),
+            max_hold,
+        };
+        loops.spawn(async move {
+            let result = work(queue.clone(), &stages, &opts).await;
+            // Deliveries prefetched but not started go back to the queue.
+            let _ = queue.close().await;
+            result.map(|_| ()).map_err(|source| WorkerError::Loop {
+                voice: name,
+                source,
+            })
+        });
+        Ok(report)
+    }
+
+    /// The producers' intake: declared, then served on a channel of its own until the
+    /// worker stops. Should its channel fail for good, the intake stops (logged) and the
+    /// worker goes on with its segments; the other workers keep serving the queue.
+    async fn spawn_intake(
+        shared: &EngineShared,
+        conn: &lapin::Connection,
+        config: intake::IntakeConfig,
+        services: &mut tokio::task::JoinSet<()>,
+    ) -> Result<(), WorkerError> {
+        let channel = open_channel(conn).await?;
+        narrator_broker::declare_intake(&channel).await?;
+        let intake = intake::Intake::new(shared.pool.clone(), conn, config).await?;
+        let stop = shared.stop.clone();
+        services.spawn(async move {
+            if let Err(e) = intake.serve(channel, stop).await {
+                tracing::error!(error = %e, "the intake stopped; this worker takes no more requests");
+            }
+        });
+        Ok(())
+    }
+
+    /// The worker's services beside its engine loops: the engines' wedge watch, the
+    /// heartbeat, the gauges (when asked), the reconciler and the assembler.
+    async fn spawn_services(
+        shared: &EngineShared,
+        conn: &lapin::Connection,
+        s: ServiceSettings,
+        complete_rx: mpsc::UnboundedReceiver<Uuid>,
+    ) -> Result<tokio::task::JoinSet<()>, WorkerError> {
+        let every = shared.every;
+        // A heartbeat may wait for the database's statement timeout before it fails.
+        s.health
+            .expect_loop("heartbeat", every * 3 + Duration::from_secs(130));
+        s.health
+            .expect_loop("broker watch", Duration::from_secs(30));
+        let mut services = tokio::task::JoinSet::new();
+        services.spawn(liveness::watch_engines(
+            s.watched,
+            s.wedged_after,
+            s.wedge.clone(),
+            shared.stop.clone(),
+        ));
+        services.spawn(heartbeat::heartbeat(
+            shared.pool.clone(),
+            s.describe.clone(),
+            shared.done.clone(),
+            (every, s.health.clone()),
+            shared.stop.clone(),
+        ));
+        if s.gauges {
+            services.spawn(gauges::gauges(
+                gauges::Gauges {
+                    pool: shared.pool.clone(),
+                    channel: open_channel(conn).await?,
+                    describe: s.describe,
+                    lease: s.lease,
+                },
+                shared.stop.clone(),
+            ));
+        }
+        services.spawn(reconciler::reconciler(
+            reconciler::Reconciler {
+                pool: shared.pool.clone(),
+                publisher: Publisher::new(conn).await?,
+                channel: open_channel(conn).await?,
+                cluster: shared.cluster.clone(),
+                dispatcher: shared.dispatcher.clone(),
+                voices: s.voices,
+                unpublished_after: s.reconcile_after,
+                lease: s.lease,
+                heartbeat: every,
+                suspected: std::collections::BTreeMap::new(),
+            },
+            shared.stop.clone(),
+        ));
+        services.spawn(assembler::assembler(
+            assembler::Assembler {
+                pool: shared.pool.clone(),
+                store: shared.store.clone(),
+                worker: shared.id.clone(),
+                instance: shared.instance,
+                stale: every * 6,
+                keep_intermediates: s.keep_intermediates,
+                release_after: s.lease,
+                wedge: s.wedge,
+                wedged_after: s.wedged_after,
+                rates: s.rates,
+            },
+            complete_rx,
+            shared.stop.clone(),
+        ));
+        Ok(services)
     }
 
     /// The worker's id.

@@ -93,6 +93,7 @@ fn config(w: &World, synth: Synthesizer) -> WorkerConfig {
         health: narrator_telemetry::serve::Health::new(),
         gauges: false,
         max_hold: narrator_pipeline::batcher::MAX_HOLD,
+        intake: None,
     }
 }
 

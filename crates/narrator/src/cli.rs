@@ -452,6 +452,16 @@ pub(crate) struct WorkerArgs {
     /// default; keep this well under it).
     #[arg(long, env = "NARRATOR_MAX_HOLD", default_value_t = narrator_pipeline::batcher::MAX_HOLD.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_hold: u64,
+    /// Take no producers' requests from `narrator.intake` (docs/PRODUCERS.md): this
+    /// worker only synthesizes and assembles. By default every worker serves the intake.
+    #[arg(long, env = "NARRATOR_NO_INTAKE")]
+    pub(crate) no_intake: bool,
+    /// Requests from `narrator.intake` held at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) intake_prefetch: u16,
+    /// Largest book a request may carry, in MiB (as `submit --max-input-mb`).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) intake_max_mb: u64,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address, e.g.
     /// `0.0.0.0:9464` (`:0` picks a free port and prints it). Off by default.
     #[arg(long, env = "NARRATOR_LISTEN")]

@@ -13,7 +13,8 @@ use anyhow::{Context, bail};
 use narrator_audio::AudioFormat;
 use narrator_core::{Manifest, SegmentRecord};
 use narrator_pipeline::book::{
-    Identity, ReadBook, file_stem, lexicon_for, load_options, plan_book, read_book,
+    Identity, ReadBook, file_stem, lexicon_for, load_options, output_format, plan_book, read_book,
+    subtitle_formats,
 };
 use narrator_pipeline::resume::{self, Previous};
 use narrator_pipeline::{
@@ -353,53 +354,6 @@ pub(crate) fn worker_name() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "local".into());
     format!("{host}:{}", std::process::id())
-}
-
-/// `--chapter-files` with a format that keeps its chapters in one file is refused.
-pub(crate) fn check_chapter_files(format: AudioFormat, chapter_files: bool) -> anyhow::Result<()> {
-    if chapter_files && !format.supports_chapter_files() {
-        bail!(
-            "--chapter-files: {format} keeps its chapters inside its one file; drop the flag, or \
-             use --format opus, mp3 or wav for one file per chapter"
-        );
-    }
-    Ok(())
-}
-
-/// What `--format` names: an audio format, or `epub3` (a read-along EPUB 3, whose audio
-/// is MP3, one file per chapter: the book's MP3 and chapter files come with it). Returns
-/// the audio format, whether there are chapter files, and whether an EPUB is wanted.
-/// (`--epub-overlay` says how fine its overlays are.)
-pub(crate) fn output_format(
-    name: &str,
-    chapter_files: bool,
-) -> anyhow::Result<(AudioFormat, bool, bool)> {
-    let word = name.trim().trim_start_matches('.').to_ascii_lowercase();
-    if word == "epub3" || word == "epub" {
-        return Ok((AudioFormat::Mp3, true, true));
-    }
-    let format: AudioFormat = name.parse().map_err(|_| {
-        anyhow::anyhow!(
-            "unknown format {name:?}; choose one of: wav, opus, mp3, m4b, epub3 (a read-along \
-             EPUB 3 with MP3 audio)"
-        )
-    })?;
-    check_chapter_files(format, chapter_files)?;
-    Ok((format, chapter_files, false))
-}
-
-/// The formats `--subtitles` names.
-pub(crate) fn subtitle_formats(
-    names: &[String],
-) -> anyhow::Result<Vec<narrator_pipeline::SubtitleFormat>> {
-    let mut formats = Vec::new();
-    for name in names {
-        let format = name.parse()?;
-        if !formats.contains(&format) {
-            formats.push(format);
-        }
-    }
-    Ok(formats)
 }
 
 /// What `--format`, `--chapter-files`, `--subtitles` and `--epub-overlay` ask for.

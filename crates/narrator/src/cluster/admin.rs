@@ -82,6 +82,12 @@ fn print_status(
     if let Some(w) = &st.waiting {
         println!("waiting: {w}");
     }
+    if let Some(key) = &st.request_key {
+        println!("request {key} (narrator.intake)");
+    }
+    if let Some(m) = &st.request_metadata {
+        println!("metadata {m}");
+    }
     for c in &st.chapters {
         println!(
             "  {:>3}  {:<40}  {:>5}/{:<5} {}",
@@ -389,5 +395,22 @@ pub(crate) async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
         "database {} is up to date",
         cluster::redact(&args.services.database_url)
     );
+    // The producers' intake (docs/PRODUCERS.md), so requests published before any
+    // worker starts wait in it. Workers declare it too: a broker away is only a warning.
+    match declare_intake(&args.services).await {
+        Ok(()) => println!("intake queue {} is declared", narrator_broker::INTAKE_QUEUE),
+        Err(e) => eprintln!(
+            "warning: the intake queue {} is not declared ({e:#}); workers declare it when they start",
+            narrator_broker::INTAKE_QUEUE
+        ),
+    }
+    Ok(())
+}
+
+async fn declare_intake(services: &crate::cli::ServiceArgs) -> anyhow::Result<()> {
+    let conn = cluster::broker(services, "narrator-migrate").await?;
+    let channel = conn.create_channel().await?;
+    narrator_broker::declare_intake(&channel).await?;
+    let _ = conn.close(200, "declared".into()).await;
     Ok(())
 }

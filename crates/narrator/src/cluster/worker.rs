@@ -272,6 +272,11 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
         health: health.clone(),
         gauges: args.listen.is_some(),
         max_hold: Duration::from_secs(args.max_hold),
+        intake: (!args.no_intake).then(|| narrator_worker::intake::IntakeConfig {
+            voices_dir: paths.voices.clone(),
+            max_input_bytes: args.intake_max_mb.saturating_mul(1024 * 1024),
+            prefetch: args.intake_prefetch,
+        }),
     };
     health.set("engines", true, format!("{} warm", devices.join(", ")));
     let worker = Worker::start(config).await?;
