@@ -1,14 +1,15 @@
 //! Producers on RabbitMQ (docs/PRODUCERS.md), with a client no one here wrote: Python's
 //! pika runs `examples/producers/request.py` against a real worker, and Python's
-//! `jsonschema` checks every request and reply against `docs/schema/`. Services as in
+//! `jsonschema` checks every request, reply and event against `docs/schema/`. Services as in
 //! `cluster.rs` (`bash ops/test.sh` starts them).
 
 use std::time::Duration;
 
-use lapin::options::{BasicAckOptions, BasicGetOptions};
-use narrator_broker::{INTAKE_DEAD_QUEUE, INTAKE_QUEUE};
+use lapin::options::{BasicAckOptions, BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use narrator_broker::{EVENTS_EXCHANGE, INTAKE_DEAD_QUEUE, INTAKE_QUEUE};
 use narrator_db::{JobState, Uuid};
-use narrator_test_support::{World, assert_schema, book_text};
+use narrator_test_support::{PrivateRabbit, Services, World, assert_schema, book_text};
 
 fn job_of(reply: &serde_json::Value) -> Uuid {
     reply["job_id"]
@@ -31,6 +32,7 @@ fn a_book_requested_with_pika_is_answered_once_and_narrated() {
             "metadata": {"isbn": "978-0-00-000000-0"}}),
     );
     w.worker("a", &["--engine", "null"], &[]);
+    let listener = w.listen_events("any");
     let args = [
         "--message-id",
         "order-17",
@@ -75,6 +77,83 @@ fn a_book_requested_with_pika_is_answered_once_and_narrated() {
     assert_eq!(st["request_key"], "order-17", "{st}");
     assert_eq!(st["request_metadata"]["isbn"], "978-0-00-000000-0", "{st}");
     assert_eq!(w.queue_ready(INTAKE_QUEUE), 0);
+    // The events: job.queued once (the second delivery made no job), then job.done with
+    // every output and a URL that serves it.
+    let events = listener.events(Duration::from_secs(120));
+    for e in &events {
+        assert_schema("job-event.v1.json", e);
+        assert_eq!(e["subject"], job.to_string(), "{e}");
+        assert_eq!(e["data"]["idempotency_key"], "order-17", "{e}");
+        assert_eq!(e["data"]["metadata"]["isbn"], "978-0-00-000000-0", "{e}");
+    }
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(
+        types,
+        ["narrator.job.queued", "narrator.job.done"],
+        "{events:?}"
+    );
+    let done = &events[1]["data"];
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["segments_done"], 4, "{done}");
+    let book_url = done["outputs"]
+        .as_array()
+        .and_then(|o| o.iter().find(|o| o["kind"] == "book"))
+        .and_then(|o| o["url"].as_str())
+        .unwrap_or_else(|| panic!("no book URL in {done}"));
+    let wav = ureq::get(book_url)
+        .call()
+        .expect("GET the book's URL")
+        .body_mut()
+        .read_to_vec()
+        .expect("body");
+    let (rate, samples) = narrator_audio::decode_wav_bytes(&wav).expect("a WAV");
+    assert!(
+        rate > 0 && !samples.is_empty(),
+        "{rate} Hz, {} samples",
+        samples.len()
+    );
+}
+
+/// A worker killed between recording a request's job and acknowledging it: the request
+/// goes back to the queue, the next worker finds the job its key made and answers with
+/// it (`duplicate: true`), and the book is narrated once.
+#[test]
+fn a_worker_killed_mid_intake_leaves_one_job() {
+    let mut w = World::new();
+    let book = w.book("once.md", &book_text(1, 3, None));
+    let doomed = w.worker(
+        "doomed",
+        &["--engine", "null"],
+        &[("NARRATOR_TEST_INTAKE_ABORT", "1")],
+    );
+    // The request outlives the worker: the reply comes from the next one.
+    let python = narrator_test_support::clients_python();
+    let producer = std::process::Command::new(python)
+        .arg(narrator_test_support::root().join("examples/producers/request.py"))
+        .arg(&w.amqp_url)
+        .arg(&book)
+        .args(["--message-id", "order-killed", "--set", "format=\"wav\""])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("request.py");
+    let status = w.wait_exit(doomed, Duration::from_secs(60));
+    assert!(!status.success(), "the worker aborted after recording");
+    w.worker("next", &["--engine", "null"], &[]);
+    let out = producer.wait_with_output().expect("request.py");
+    let reply: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    assert!(out.status.success(), "{reply} {}", w.logs());
+    assert_schema("job-reply.v1.json", &reply);
+    assert_eq!(
+        reply["duplicate"], true,
+        "the job was recorded before: {reply}"
+    );
+    let job = job_of(&reply);
+    w.wait_state(job, JobState::Done, Duration::from_secs(120));
+    let jobs: i64 =
+        w.rt.block_on(sqlx::query_scalar("SELECT count(*) FROM jobs").fetch_one(&w.pool))
+            .expect("count");
+    assert_eq!(jobs, 1, "one job for the request");
 }
 
 /// Each bad request gets an error reply that says what was wrong, goes to the intake's
@@ -147,4 +226,101 @@ fn bad_requests_are_answered_dead_lettered_and_the_next_one_served() {
     let (code, reply) = w.request(&book, &[]);
     assert_eq!(code, 0, "{reply}");
     w.wait_state(job_of(&reply), JobState::Done, Duration::from_secs(120));
+}
+
+/// The events' outbox: a change of state made while the broker is away (a cancel) waits
+/// in the outbox, and its event is published once the broker is back; the event made
+/// before the outage is not published twice.
+#[test]
+fn an_event_made_while_the_broker_is_away_is_published_when_it_is_back() {
+    let rabbit = PrivateRabbit::start(5689);
+    let mut w = World::on(Services {
+        rabbit_node: Some(rabbit.node.clone()),
+        amqp_port: rabbit.port,
+        ..Services::shared()
+    });
+    // A durable queue of the test's, bound before anything happens: it outlives the
+    // restart (an exclusive one would go with the connection).
+    w.rt.block_on(async {
+        let conn = narrator_broker::connect(&w.amqp_url).await.expect("amqp");
+        let ch = conn.create_channel().await.expect("channel");
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare("test.events".into(), durable, FieldTable::default())
+            .await
+            .expect("declare");
+        ch.queue_bind(
+            "test.events".into(),
+            EVENTS_EXCHANGE.into(),
+            "job.#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind");
+        let _ = conn.close(200, "ok".into()).await;
+    });
+    w.worker("e1", &["--engine", "null", "--broker-timeout", "120"], &[]);
+    // A book of a voice no worker serves: it stays queued.
+    let book = w.book("waits.md", &book_text(1, 2, None));
+    let job = w.submit(&book, &["--voice", "af_heart", "--format", "wav"]);
+    wait_for(|| w.queue_ready("test.events") == 1, "job.queued published");
+    rabbit.stop_app();
+    w.ok(&["cancel", &job.to_string()]);
+    let waiting = || -> i64 {
+        w.rt.block_on(
+            sqlx::query_scalar(
+                "SELECT count(*) FROM job_events WHERE job_id = $1 AND kind = 'cancelled' \
+                 AND published_at IS NULL",
+            )
+            .bind(job)
+            .fetch_one(&w.pool),
+        )
+        .expect("count")
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(waiting(), 1, "the cancel's event waits in the outbox");
+    rabbit.start_app();
+    wait_for(
+        || waiting() == 0,
+        "job.cancelled published after the restart",
+    );
+    let events: Vec<serde_json::Value> = w.rt.block_on(async {
+        let conn = narrator_broker::connect(&w.amqp_url).await.expect("amqp");
+        let ch = conn.create_channel().await.expect("channel");
+        let mut events = Vec::new();
+        while let Some(m) = ch
+            .basic_get("test.events".into(), BasicGetOptions::default())
+            .await
+            .expect("get")
+        {
+            events.push(serde_json::from_slice(&m.data).expect("json"));
+            m.ack(BasicAckOptions::default()).await.expect("ack");
+        }
+        events
+    });
+    for e in &events {
+        assert_schema("job-event.v1.json", e);
+    }
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(
+        types,
+        ["narrator.job.queued", "narrator.job.cancelled"],
+        "{events:?}"
+    );
+    assert_eq!(events[1]["data"]["state"], "cancelled");
+}
+
+/// Polls `cond` every 200 ms for up to 120 s.
+fn wait_for(cond: impl Fn() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within 120 s: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

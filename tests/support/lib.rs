@@ -685,6 +685,37 @@ impl World {
         (out.status.code().unwrap_or(-1), reply)
     }
 
+    /// Starts the Python events listener (`examples/producers/events.py`, pika) on this
+    /// world's broker, its queue bound to `narrator.events`, until `until_done` (a job id
+    /// or `any`) ends; returns once the queue is bound.
+    pub fn listen_events(&self, until_done: &str) -> EventListener {
+        let mut child = Command::new(clients_python())
+            .arg(root().join("examples/producers/events.py"))
+            .arg(&self.amqp_url)
+            .args(["--until-done", until_done, "--timeout", "240"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run examples/producers/events.py");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let ready = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("events.py bound its queue");
+        assert_eq!(ready, r#"{"ready": true}"#);
+        EventListener { child, lines: rx }
+    }
+
     /// `rabbitmqctl list_channels` of this vhost: (prefetch, unacknowledged) of each
     /// channel that consumes.
     pub fn consumer_holdings(&self) -> Vec<(u64, u64)> {
@@ -789,6 +820,35 @@ impl Drop for World {
 
 /// A Markdown book of `chapters` chapters of `sentences` distinct sentences each; with
 /// `extra = Some((n, text))` the n-th sentence (from 1) is `text`.
+/// The Python events listener of [`World::listen_events`].
+pub struct EventListener {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl EventListener {
+    /// Waits for the listener to end (its job done or failed) and returns the events it
+    /// printed.
+    pub fn events(mut self, within: Duration) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + within;
+        let mut events = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => events.push(serde_json::from_str(&line).expect("an event as JSON")),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = self.child.kill();
+                    panic!("events.py did not finish within {within:?}; got {events:?}");
+                }
+            }
+        }
+        let status = self.child.wait().expect("events.py");
+        assert!(status.success(), "events.py: {status}; got {events:?}");
+        events
+    }
+}
+
 /// The Python of the producers' clients (`.deps/clients-venv`: pika, jsonschema; made by
 /// `bash ops/setup.sh --test`).
 pub fn clients_python() -> PathBuf {

@@ -30,11 +30,11 @@ pub use error::BrokerError;
 pub use message::{MESSAGE_VERSION, SegmentMessage};
 pub use publisher::Publisher;
 pub use topology::{
-    DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, DEFAULT_DELIVERY_LIMIT, INTAKE_CODE_HEADER,
-    INTAKE_DEAD_EXCHANGE, INTAKE_DEAD_QUEUE, INTAKE_DELIVERY_LIMIT, INTAKE_QUEUE,
-    INTAKE_REASON_HEADER, JOBS_EXCHANGE, LANES, RETRY_EXCHANGE, RETRY_TIERS, TopologyConfig,
-    declare, declare_intake, declare_with, delete_voice_queues, lane_of, lane_queue, retry_queue,
-    work_queue,
+    DEAD_LETTER_EXCHANGE, DEAD_LETTER_QUEUE, DEFAULT_DELIVERY_LIMIT, EVENTS_EXCHANGE,
+    INTAKE_CODE_HEADER, INTAKE_DEAD_EXCHANGE, INTAKE_DEAD_QUEUE, INTAKE_DELIVERY_LIMIT,
+    INTAKE_QUEUE, INTAKE_REASON_HEADER, JOBS_EXCHANGE, LANES, RETRY_EXCHANGE, RETRY_TIERS,
+    TopologyConfig, declare, declare_intake, declare_with, delete_voice_queues, lane_of,
+    lane_queue, retry_queue, work_queue,
 };
 
 /// Header: attempts made before this message was (re)published to a retry tier.

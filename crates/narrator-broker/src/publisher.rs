@@ -111,11 +111,36 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), BrokerError> {
+        self.publish_confirmed(exchange, routing_key, body, properties, true)
+            .await
+    }
+
+    /// [`Self::publish_raw`] for a message that may go nowhere (an event on a topic
+    /// exchange no one has bound a queue to yet): not mandatory, still confirmed.
+    pub async fn publish_optional(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), BrokerError> {
+        self.publish_confirmed(exchange, routing_key, body, properties, false)
+            .await
+    }
+
+    async fn publish_confirmed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+        mandatory: bool,
+    ) -> Result<(), BrokerError> {
         let properties = properties.with_delivery_mode(2);
         let mut recovered = false;
         loop {
             match self
-                .try_publish(exchange, routing_key, body, properties.clone())
+                .try_publish(exchange, routing_key, body, properties.clone(), mandatory)
                 .await
             {
                 Ok(confirmation) => return self.check(exchange, routing_key, confirmation),
@@ -137,9 +162,10 @@ impl Publisher {
         routing_key: &str,
         body: &[u8],
         properties: BasicProperties,
+        mandatory: bool,
     ) -> lapin::Result<Confirmation> {
         let opts = BasicPublishOptions {
-            mandatory: true,
+            mandatory,
             ..BasicPublishOptions::default()
         };
         crate::consumer::count_op("publish");

@@ -139,14 +139,18 @@ pub const JOBS_EXCHANGE: &str = "narrator.jobs";
 pub const INTAKE_REASON_HEADER: &str = "x-narrator-reason";
 /// Header of a dead-lettered request: the error's code, as in the reply.
 pub const INTAKE_CODE_HEADER: &str = "x-narrator-error-code";
+/// The topic exchange of the jobs' events (CloudEvents 1.0, structured JSON), routing
+/// keys `job.queued`, `job.done`, `job.failed`, `job.cancelled`, `job.retried`.
+pub const EVENTS_EXCHANGE: &str = "narrator.events";
 /// Deliveries the intake allows a request before the broker dead-letters it: a
 /// request that kills the worker serving it every time does not circle forever.
 pub const INTAKE_DELIVERY_LIMIT: u32 = 5;
 
-/// Declares the intake: [`INTAKE_QUEUE`] (a durable quorum queue with a delivery limit),
-/// its dead letters and [`JOBS_EXCHANGE`]. Idempotent; `narrator migrate` and workers
-/// that take intake declare it.
+/// Declares the producers' topology: [`INTAKE_QUEUE`] (a durable quorum queue with a
+/// delivery limit), its dead letters, [`JOBS_EXCHANGE`] and [`EVENTS_EXCHANGE`].
+/// Idempotent; `narrator migrate` and workers declare it.
 pub async fn declare_intake(channel: &Channel) -> Result<(), BrokerError> {
+    exchange(channel, EVENTS_EXCHANGE, ExchangeKind::Topic).await?;
     exchange(channel, INTAKE_DEAD_EXCHANGE, ExchangeKind::Fanout).await?;
     queue(channel, INTAKE_DEAD_QUEUE, FieldTable::default()).await?;
     bind(

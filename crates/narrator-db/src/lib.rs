@@ -20,6 +20,7 @@ mod calibrations;
 mod deliveries;
 mod dispatch;
 mod error;
+mod events;
 mod gauges;
 mod jobs;
 mod prune;
@@ -45,6 +46,9 @@ pub use dispatch::{
     fleet_shares,
 };
 pub use error::DbError;
+pub use events::{
+    EventJob, PendingEvent, claim_events, mark_events_published, prune_published_events,
+};
 pub use gauges::{GAUGE_FINISHED_WITHIN, VoiceGauges, voice_gauges};
 pub use jobs::{
     ChapterProgress, Created, JobRequestRecord, JobState, JobStatus, JobSummary, cancel_job,

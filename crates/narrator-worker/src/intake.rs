@@ -47,6 +47,9 @@ pub struct IntakeConfig {
     pub max_input_bytes: u64,
     /// Requests held at once.
     pub prefetch: u16,
+    /// Fault injection for tests: the process aborts right after a request's job is
+    /// recorded, before its reply and acknowledgement (a worker killed mid-intake).
+    pub abort_after_record: bool,
 }
 
 /// One request: the body of a message on `narrator.intake` (docs/schema/job-request.v1.json).
@@ -454,6 +457,10 @@ impl Intake {
             Created::Existing(job) => return self.accepted(job, true, key).await,
             Created::New(job) => job,
         };
+        if self.config.abort_after_record {
+            eprintln!("aborting after recording job {job} (NARRATOR_TEST_INTAKE_ABORT)");
+            std::process::abort();
+        }
         let submission = Submission {
             plan: &planned.plan,
             format: &planned.format,
@@ -507,7 +514,7 @@ impl Intake {
         let mut consumer = channel
             .basic_consume(
                 INTAKE_QUEUE.into(),
-                "narrator-intake".into(),
+                "".into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
             )

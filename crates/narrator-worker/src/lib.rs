@@ -23,6 +23,7 @@
 
 pub mod assembler;
 pub mod dispatcher;
+pub mod events;
 pub mod gauges;
 pub mod guard;
 pub mod heartbeat;
@@ -473,8 +474,8 @@ impl Worker {
     }
 
     /// The producers' intake: declared, then served on a channel of its own until the
-    /// worker stops. Should its channel fail for good, the intake stops (logged) and the
-    /// worker goes on with its segments; the other workers keep serving the queue.
+    /// worker stops; a consumer that ends otherwise (its channel closed) is started again
+    /// with backoff, and the worker goes on with its segments meanwhile.
     async fn spawn_intake(
         shared: &EngineShared,
         conn: &lapin::Connection,
@@ -486,15 +487,25 @@ impl Worker {
         let intake = intake::Intake::new(shared.pool.clone(), conn, config).await?;
         let stop = shared.stop.clone();
         services.spawn(async move {
-            if let Err(e) = intake.serve(channel, stop).await {
-                tracing::error!(error = %e, "the intake stopped; this worker takes no more requests");
+            // The channel recovers with the connection (a broker restart); the consumer
+            // is registered again after any end that is not the worker's stop.
+            let mut pause = Duration::from_secs(1);
+            loop {
+                match intake.serve(channel.clone(), stop.clone()).await {
+                    Ok(()) if *stop.borrow() => return,
+                    Ok(()) => tracing::warn!("the intake's consumer ended; consuming again"),
+                    Err(e) => tracing::warn!(error = %e, "the intake stopped; consuming again"),
+                }
+                tokio::time::sleep(jittered(pause)).await;
+                pause = (pause * 2).min(Duration::from_secs(30));
             }
         });
         Ok(())
     }
 
     /// The worker's services beside its engine loops: the engines' wedge watch, the
-    /// heartbeat, the gauges (when asked), the reconciler and the assembler.
+    /// heartbeat, the gauges (when asked), the reconciler, the assembler and the events'
+    /// publisher (with the producers' topology declared).
     async fn spawn_services(
         shared: &EngineShared,
         conn: &lapin::Connection,
@@ -561,6 +572,19 @@ impl Worker {
                 rates: s.rates,
             },
             complete_rx,
+            shared.stop.clone(),
+        ));
+        // The jobs' events (docs/PRODUCERS.md): every worker publishes the outbox.
+        let channel = open_channel(conn).await?;
+        narrator_broker::declare_intake(&channel).await?;
+        let _ = channel.close(200, "declared".into()).await;
+        services.spawn(events::publish_events(
+            events::EventPublisher {
+                pool: shared.pool.clone(),
+                publisher: Publisher::new(conn).await?,
+                store: shared.store.clone(),
+                cluster: shared.cluster.clone(),
+            },
             shared.stop.clone(),
         ));
         Ok(services)

@@ -276,6 +276,8 @@ pub(crate) async fn worker(paths: &Paths, args: WorkerArgs) -> anyhow::Result<()
             voices_dir: paths.voices.clone(),
             max_input_bytes: args.intake_max_mb.saturating_mul(1024 * 1024),
             prefetch: args.intake_prefetch,
+            // Fault injection for the tests (tests/producers.rs): killed mid-intake.
+            abort_after_record: std::env::var_os("NARRATOR_TEST_INTAKE_ABORT").is_some(),
         }),
     };
     health.set("engines", true, format!("{} warm", devices.join(", ")));
