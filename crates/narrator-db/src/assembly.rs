@@ -166,3 +166,17 @@ pub async fn job_outputs(exec: impl PgExecutor<'_>, job: Uuid) -> Result<Vec<Out
     let Json(outputs): Json<Vec<Output>> = row.try_get("outputs")?;
     Ok(outputs)
 }
+
+/// Of `jobs`, the one of highest priority (the oldest among equals); `None` when none
+/// exists.
+pub async fn highest_priority(
+    exec: impl PgExecutor<'_>,
+    jobs: &[Uuid],
+) -> Result<Option<Uuid>, DbError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE id = ANY($1) ORDER BY priority DESC, created_at, id LIMIT 1",
+    )
+    .bind(jobs)
+    .fetch_optional(exec)
+    .await?)
+}

@@ -32,8 +32,8 @@ mod stored_job;
 mod workers;
 
 pub use assembly::{
-    Output, assembly_attempts, claim_assembly_for, finish_with_outputs, job_outputs,
-    postpone_assembly, take_over_assemblies,
+    Output, assembly_attempts, claim_assembly_for, finish_with_outputs, highest_priority,
+    job_outputs, postpone_assembly, take_over_assemblies,
 };
 pub use bench::{BenchRow, StoredBench, bench_table_exists, fleet_bench, record_bench};
 pub use calibrations::{StoredCalibration, list_calibrations, put_calibration};

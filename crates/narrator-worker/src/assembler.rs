@@ -417,6 +417,18 @@ async fn release_cancelled(a: &Assembler) {
     }
 }
 
+/// Takes the job of highest priority (then the oldest) out of `told` (not empty); told
+/// order when the database cannot say.
+async fn next_by_priority(pool: &narrator_db::PgPool, told: &mut Vec<Uuid>) -> Uuid {
+    if told.len() > 1
+        && let Ok(Some(first)) = narrator_db::highest_priority(pool, told).await
+        && let Some(i) = told.iter().position(|j| *j == first)
+    {
+        return told.remove(i);
+    }
+    told.remove(0)
+}
+
 /// Assembles every job it is told about (if it wins the claim) and, every few seconds,
 /// the jobs it takes over: unclaimed finished jobs, postponed ones whose time has come,
 /// and claims of processes that are gone.
@@ -426,17 +438,29 @@ pub(crate) async fn assembler(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut sweep = tokio::time::interval(a.stale.min(Duration::from_secs(5)));
+    // Jobs told of and not yet assembled: the highest priority goes first, so a priority
+    // book finished behind a backlog of small ones is not assembled after all of them.
+    let mut told: Vec<Uuid> = Vec::new();
     loop {
         enum Wake {
             Stop,
             Job(Uuid),
             Sweep,
         }
-        let wake = tokio::select! {
-            biased;
-            _ = stop.wait_for(|v| *v) => Wake::Stop,
-            Some(job) = complete.recv() => Wake::Job(job),
-            _ = sweep.tick() => Wake::Sweep,
+        while let Ok(job) = complete.try_recv() {
+            told.push(job);
+        }
+        let wake = if told.is_empty() {
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|v| *v) => Wake::Stop,
+                Some(job) = complete.recv() => Wake::Job(job),
+                _ = sweep.tick() => Wake::Sweep,
+            }
+        } else if *stop.borrow() {
+            Wake::Stop
+        } else {
+            Wake::Job(next_by_priority(&a.pool, &mut told).await)
         };
         let jobs = match wake {
             Wake::Stop => return,

@@ -128,12 +128,14 @@ impl RequestError {
         }
     }
 
+    /// A failure of the database or broker: an outage is tried again (`unavailable`,
+    /// never replied); anything permanent is replied as `internal`.
     fn from_worker(e: WorkerError) -> Self {
-        let class = e.retry_class();
+        let permanent = e.retry_class() == RetryClass::Permanent;
         Self {
-            code: "unavailable",
+            code: if permanent { "internal" } else { "unavailable" },
             message: e.to_string().replace('\n', " "),
-            class: if class == RetryClass::Permanent {
+            class: if permanent {
                 RetryClass::Permanent
             } else {
                 RetryClass::Infrastructure
