@@ -266,7 +266,7 @@ async fn declare_queues(
 }
 
 /// A new channel on `conn`.
-async fn open_channel(conn: &lapin::Connection) -> Result<lapin::Channel, WorkerError> {
+pub(crate) async fn open_channel(conn: &lapin::Connection) -> Result<lapin::Channel, WorkerError> {
     Ok(conn.create_channel().await.map_err(|e| BrokerError::Amqp {
         op: "channel.open".into(),
         source: e,
@@ -473,7 +473,7 @@ impl Worker {
         Ok(report)
     }
 
-    /// The producers' intake: declared, then served on a channel of its own until the
+    /// The producers' intake, served on a channel of its own until the
     /// worker stops; a consumer that ends otherwise (its channel closed) is started again
     /// with backoff, and the worker goes on with its segments meanwhile.
     async fn spawn_intake(
@@ -482,8 +482,8 @@ impl Worker {
         config: intake::IntakeConfig,
         services: &mut tokio::task::JoinSet<()>,
     ) -> Result<(), WorkerError> {
+        // Declared with the services' (spawn_services).
         let channel = open_channel(conn).await?;
-        narrator_broker::declare_intake(&channel).await?;
         let intake = intake::Intake::new(shared.pool.clone(), conn, config).await?;
         let stop = shared.stop.clone();
         services.spawn(async move {

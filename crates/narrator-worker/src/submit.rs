@@ -63,13 +63,7 @@ impl Submitter {
     /// Declares `voice`'s queues (idempotent), so a book submitted before any worker
     /// serves the voice waits in them.
     pub async fn declare_voice(&self, conn: &Connection, voice: &str) -> Result<(), WorkerError> {
-        let channel =
-            conn.create_channel()
-                .await
-                .map_err(|source| narrator_broker::BrokerError::Amqp {
-                    op: "channel.open".into(),
-                    source,
-                })?;
+        let channel = crate::open_channel(conn).await?;
         narrator_broker::declare(&channel, voice).await?;
         let _ = channel.close(200, "declared".into()).await;
         Ok(())

@@ -251,7 +251,9 @@ pub(crate) enum Command {
     Cancel(JobArgs),
     /// Put a failed job back to work (its failed segments are enqueued again, a window at a time).
     Retry(JobArgs),
-    /// Create or update the database schema.
+    /// Create or update the database schema, and declare the producers' queue and
+    /// exchanges on the broker (`narrator.intake`, `narrator.events`; skipped with a
+    /// warning when the broker does not answer).
     Migrate(MigrateArgs),
     /// This machine's hardware profile and the inference checklist (NUMA affinity,
     /// persistence mode, power limit, throttling, swap, RAM vs VRAM, CUDA driver vs
