@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Hands narrator one book with one message on RabbitMQ, and prints the reply.
 
-    python3 request.py AMQP_URL BOOK.md [--message-id ID] [--set FIELD=JSON]...
+    python3 request.py AMQP_URL BOOK.md|s3://BUCKET/KEY [--message-id ID] [--set FIELD=JSON]...
 
 The request is the JSON object of docs/schema/job-request.v1.json: here the book's text
-and any --set fields (e.g. --set format='"mp3"' --set metadata='{"isbn": "978..."}').
+(or, for s3://…, its source: a book in a bucket the fleet reads) and any --set fields (e.g. --set format='"mp3"' --set metadata='{"isbn": "978..."}').
 It is published persistent, with publisher confirms, to the default exchange with the
 routing key narrator.intake; its reply comes on RabbitMQ's direct reply-to. The
 message_id names the request: publishing it again (after a lost confirm, say) makes no
@@ -24,7 +24,8 @@ import pika
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("url", help="amqp://user:pass@host:5672/vhost")
-    ap.add_argument("book", help="a .md or .txt file, sent as the request's text")
+    ap.add_argument("book", help="a .md or .txt file, sent as the request's text; or "
+                    "s3://bucket/key of a .txt, .md or .epub the fleet can read, sent as its source")
     ap.add_argument("--message-id", help="names the request (default: a new UUID)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
                     help="another field of the request, its value as JSON")
@@ -33,10 +34,14 @@ def main() -> int:
     args = ap.parse_args()
 
     request = {"version": 1}
-    with open(args.book, encoding="utf-8") as f:
-        request["text"] = f.read()
-    if args.book.endswith(".txt"):
-        request["text_format"] = "txt"
+    if args.book.startswith("s3://"):
+        # A book in a bucket the fleet reads (.txt, .md or .epub): sent by name.
+        request["source"] = args.book
+    else:
+        with open(args.book, encoding="utf-8") as f:
+            request["text"] = f.read()
+        if args.book.endswith(".txt"):
+            request["text_format"] = "txt"
     for field in args.set:
         name, _, value = field.partition("=")
         request[name] = json.loads(value)

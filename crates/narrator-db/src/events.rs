@@ -16,7 +16,7 @@ use crate::error::DbError;
 pub struct PendingEvent {
     /// The event's own id (consumers dedupe by it).
     pub id: Uuid,
-    /// `queued`, `done`, `failed`, `cancelled` or `retried`.
+    /// `queued`, `progress`, `done`, `failed`, `cancelled` or `retried`.
     pub kind: String,
     /// The state the event is about.
     pub state: String,
@@ -120,6 +120,34 @@ pub async fn prune_published_events(
            AND published_at < now() - make_interval(secs => $1)",
     )
     .bind(older_than.as_secs_f64())
+    .execute(exec)
+    .await?
+    .rows_affected())
+}
+
+/// Writes a `progress` event to the outbox for each running job whose finished segments
+/// moved since its last one, and not more often than `every` per job; returns how many.
+/// Run by every publisher: the update that notes the count takes each job once (rows a
+/// recording is updating are skipped until the next look).
+pub async fn note_progress(
+    exec: impl sqlx::PgExecutor<'_>,
+    every: std::time::Duration,
+) -> Result<u64, DbError> {
+    Ok(sqlx::query(
+        "WITH due AS ( \
+           SELECT id FROM jobs \
+           WHERE state = 'running' AND segments_done > progress_noted_done \
+             AND (progress_noted_at IS NULL \
+                  OR progress_noted_at < clock_timestamp() - make_interval(secs => $1)) \
+           FOR UPDATE SKIP LOCKED), \
+         noted AS ( \
+           UPDATE jobs j SET progress_noted_done = j.segments_done, \
+             progress_noted_at = clock_timestamp() \
+           FROM due WHERE j.id = due.id RETURNING j.id, j.state) \
+         INSERT INTO job_events (id, job_id, kind, state) \
+         SELECT gen_random_uuid(), id, 'progress', state FROM noted",
+    )
+    .bind(every.as_secs_f64())
     .execute(exec)
     .await?
     .rows_affected())

@@ -47,7 +47,8 @@ pub use dispatch::{
 };
 pub use error::DbError;
 pub use events::{
-    EventJob, PendingEvent, claim_events, mark_events_published, prune_published_events,
+    EventJob, PendingEvent, claim_events, mark_events_published, note_progress,
+    prune_published_events,
 };
 pub use gauges::{GAUGE_FINISHED_WITHIN, VoiceGauges, voice_gauges};
 pub use jobs::{

@@ -2195,3 +2195,52 @@ async fn rows_of_workers_gone_a_day_are_deleted() {
         0
     );
 }
+
+/// `job.progress`: written for a running job whose finished segments moved, at once the
+/// first time, then not more often than asked; nothing while nothing moves.
+#[tokio::test]
+async fn progress_is_noted_when_segments_move_and_not_more_often_than_asked() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let job = create_job(&pool, &plan(1, 4), "opus", 0)
+        .await
+        .expect("create");
+    let note = |every: u64| narrator_db::note_progress(&pool, Duration::from_secs(every));
+    assert_eq!(note(0).await.expect("note"), 0, "nothing done yet");
+    record_segment(&pool, job, &rec(0, "w1"))
+        .await
+        .expect("record");
+    sqlx::query("UPDATE jobs SET state = 'running' WHERE id = $1 AND state = 'queued'")
+        .bind(job)
+        .execute(&pool)
+        .await
+        .expect("running");
+    assert_eq!(note(3600).await.expect("note"), 1, "the first at once");
+    assert_eq!(note(0).await.expect("note"), 0, "nothing moved since");
+    record_segment(&pool, job, &rec(1, "w1"))
+        .await
+        .expect("record");
+    assert_eq!(
+        note(3600).await.expect("note"),
+        0,
+        "too soon after the last"
+    );
+    assert_eq!(note(0).await.expect("note"), 1);
+    let mut conn = pool.acquire().await.expect("conn");
+    let events = narrator_db::claim_events(&mut conn, 10)
+        .await
+        .expect("claim");
+    let kinds: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| (e.kind.as_str(), e.state.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("queued", "queued"),
+            ("progress", "running"),
+            ("progress", "running")
+        ]
+    );
+    assert_eq!(events[2].details.as_ref().map(|d| d.segments_done), Some(2));
+}

@@ -574,6 +574,16 @@ impl S3AudioStore {
         &self.bucket
     }
 
+    /// The same client (endpoint, credentials, HTTP pool) on another bucket, without a
+    /// key prefix: to read an object a producer names (`s3://bucket/key`).
+    pub fn for_bucket(&self, bucket: &str) -> Self {
+        Self {
+            bucket: bucket.to_owned(),
+            prefix: String::new(),
+            ..self.clone()
+        }
+    }
+
     /// `{prefix}jobs/{job}/segments/{index:06}.wav`
     pub fn segment_key(&self, job: &str, index: u32) -> String {
         format!("{}jobs/{job}/segments/{index:06}.wav", self.prefix)

@@ -3,7 +3,9 @@
 //! exchange `narrator.events` as CloudEvents 1.0 structured JSON, with confirms, and are
 //! marked published in the transaction that claimed them. A broker away leaves them for
 //! the next look: at least once, never lost; consumers dedupe by the event's `id`. Every
-//! worker runs this; claims skip what another worker is publishing.
+//! worker runs this; claims skip what another worker is publishing. Every second it also
+//! writes a `job.progress` to the outbox for each running job whose finished segments
+//! moved, at most one per job every [`PROGRESS_EVERY`] ([`narrator_db::note_progress`]).
 
 use std::time::Duration;
 
@@ -23,6 +25,10 @@ const EVENTS_PER_LOOK: u32 = 64;
 const EVENTS_IDLE: Duration = Duration::from_millis(250);
 /// How long the outputs' URLs in `job.done` are valid.
 const URLS_VALID_FOR: Duration = Duration::from_secs(24 * 3600);
+/// At most one `job.progress` per job this often.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// How often a publisher looks for jobs whose progress is due.
+const PROGRESS_LOOK: Duration = Duration::from_secs(1);
 /// Published events are kept this long, then deleted.
 const KEEP_PUBLISHED: Duration = Duration::from_secs(24 * 3600);
 
@@ -39,9 +45,16 @@ pub struct EventPublisher {
 pub async fn publish_events(p: EventPublisher, mut stop: watch::Receiver<bool>) {
     let mut pause = EVENTS_IDLE;
     let mut last_prune = std::time::Instant::now();
+    let mut last_progress = std::time::Instant::now();
     loop {
         if *stop.borrow() {
             return;
+        }
+        if last_progress.elapsed() >= PROGRESS_LOOK {
+            last_progress = std::time::Instant::now();
+            if let Err(e) = narrator_db::note_progress(&p.pool, PROGRESS_EVERY).await {
+                tracing::debug!(error = %e, "cannot note the jobs' progress");
+            }
         }
         match p.publish_once().await {
             Ok(n) if n > 0 => {

@@ -28,6 +28,7 @@ use narrator_pipeline::book::{
     Identity, MetaOverrides, ReadBook, ReadOptions, output_format, plan_book, read_book,
     subtitle_formats,
 };
+use narrator_s3::S3AudioStore;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -221,11 +222,9 @@ fn check(r: &JobRequest) -> Result<(), RequestError> {
         }
         _ => {}
     }
-    if r.source.is_some() {
-        return Err(RequestError::bad(
-            "source_unreadable",
-            "books by source (s3://…) are not read by this version yet; send the book as text",
-        ));
+    if let Some(source) = &r.source {
+        let (_, key) = s3_location(source)?;
+        book_extension(key)?;
     }
     if let Some(key) = &r.idempotency_key
         && (key.is_empty() || key.len() > 200)
@@ -246,6 +245,46 @@ fn check(r: &JobRequest) -> Result<(), RequestError> {
         return bad(format!("speed {speed} is outside 0.5 to 2.0"));
     }
     Ok(())
+}
+
+/// The bucket and key of a `source` (`s3://bucket/key`).
+fn s3_location(source: &str) -> Result<(&str, &str), RequestError> {
+    source
+        .strip_prefix("s3://")
+        .and_then(|rest| rest.split_once('/'))
+        .filter(|(bucket, key)| !bucket.is_empty() && !key.is_empty())
+        .ok_or_else(|| {
+            RequestError::bad(
+                "invalid_request",
+                format!("source {source:?} is not an S3 location; send \"s3://bucket/key\""),
+            )
+        })
+}
+
+/// How a source's book is read, by its key's extension (`.txt`, `.md`, `.markdown`,
+/// `.epub`).
+fn book_extension(key: &str) -> Result<String, RequestError> {
+    let ext = std::path::Path::new(key)
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    if narrator_text::InputFormat::SUPPORTED_EXTENSIONS.contains(&ext.as_str()) {
+        Ok(ext)
+    } else {
+        Err(RequestError::bad(
+            "source_unreadable",
+            format!("{key:?} is not a book this fleet reads; name a .txt, .md or .epub object"),
+        ))
+    }
+}
+
+/// A request's book as read: its bytes, the extension that says how to parse them, and
+/// where it came from (the job's source).
+struct BookBytes {
+    bytes: Vec<u8>,
+    ext: String,
+    source: String,
 }
 
 /// A request's outputs, as `submit --format/--chapter-files/--subtitles/--epub-overlay`
@@ -298,11 +337,11 @@ struct Planned {
 }
 
 /// Reads and plans a request's book for its voice (blocking: the text is parsed and
-/// segmented). The text goes through a file, so every bound `submit` has holds.
+/// segmented). The book goes through a file, so every bound `submit` has holds.
 fn plan_request(
     r: &JobRequest,
+    book: BookBytes,
     config: &IntakeConfig,
-    name: &str,
 ) -> Result<Planned, RequestError> {
     let voice_name = r.voice.as_deref().unwrap_or(DEFAULT_VOICE);
     let voice = Voice::find(&config.voices_dir, voice_name).map_err(|e| {
@@ -321,27 +360,13 @@ fn plan_request(
     });
     let identity = Identity::of(&voice, &scales, speaker.as_deref())
         .map_err(|e| RequestError::bad("invalid_request", format!("{e:#}")))?;
-    let text = r.text.as_deref().unwrap_or_default();
-    if text.len() as u64 > config.max_input_bytes {
-        return Err(RequestError::bad(
-            "too_large",
-            format!(
-                "the book is {} bytes, over the {} this fleet accepts; split it, or ask the operator to raise --max-input-mb",
-                text.len(),
-                config.max_input_bytes
-            ),
-        ));
-    }
     let dir = tempfile::Builder::new()
         .prefix("narrator-intake-")
         .tempdir()
         .map_err(|e| infra(format!("creating a folder for the request: {e}")))?;
-    let ext = match r.text_format {
-        TextFormat::Md => "md",
-        TextFormat::Txt => "txt",
-    };
-    let book = dir.path().join(format!("book.{ext}"));
-    std::fs::write(&book, text).map_err(|e| infra(format!("writing the request's text: {e}")))?;
+    let path = dir.path().join(format!("book.{}", book.ext));
+    std::fs::write(&path, &book.bytes)
+        .map_err(|e| infra(format!("writing the request's book: {e}")))?;
     let mut lexicons = Vec::new();
     if let Some(lexicon) = &r.lexicon {
         let path = dir.path().join("request.lexicon.txt");
@@ -361,10 +386,9 @@ fn plan_request(
             ..MetaOverrides::default()
         },
     };
-    let ReadBook { doc, lexicon } = read_book(&book, &voice, &read)
+    let ReadBook { doc, lexicon } = read_book(&path, &voice, &read)
         .map_err(|e| RequestError::bad("unreadable_book", format!("{e:#}")))?;
-    let source = format!("amqp:{INTAKE_QUEUE}/{name}");
-    let plan = plan_book(&doc, &source, "book", &identity, &lexicon)
+    let plan = plan_book(&doc, &book.source, "book", &identity, &lexicon)
         .map_err(|e| RequestError::bad("unreadable_book", format!("{e:#}")))?;
     let settings = JobSettings {
         sentence_pause_ms: 250,
@@ -384,6 +408,16 @@ fn plan_request(
     })
 }
 
+/// A book over the fleet's bound.
+fn too_large(bytes: u64, max: u64) -> RequestError {
+    RequestError::bad(
+        "too_large",
+        format!(
+            "the book is {bytes} bytes, over the {max} this fleet accepts; split it, or ask the operator to raise --max-input-mb"
+        ),
+    )
+}
+
 fn infra(message: String) -> RequestError {
     RequestError {
         code: "unavailable",
@@ -397,21 +431,80 @@ pub struct Intake {
     pool: PgPool,
     submitter: Submitter,
     publisher: Publisher,
+    /// Reads books requested by `source` (its client, on the source's bucket).
+    store: S3AudioStore,
     config: IntakeConfig,
 }
 
 impl Intake {
-    /// An intake recording into `pool` and publishing on `conn`.
+    /// An intake recording into `pool`, publishing on `conn` and reading sources with
+    /// `store`'s client.
     pub async fn new(
         pool: PgPool,
         conn: &Connection,
+        store: S3AudioStore,
         config: IntakeConfig,
     ) -> Result<Self, WorkerError> {
         Ok(Self {
             submitter: Submitter::new(pool.clone(), conn).await?,
             publisher: Publisher::new(conn).await?,
             pool,
+            store,
             config,
+        })
+    }
+
+    /// The request's book: its text, or the object its `source` names (at most
+    /// `max_input_bytes`). An object that is missing or refused is the request's fault;
+    /// the store being away is an outage (tried again).
+    async fn book_of(&self, r: &JobRequest, name: &str) -> Result<BookBytes, RequestError> {
+        let max = self.config.max_input_bytes;
+        let Some(source) = &r.source else {
+            let text = r.text.clone().unwrap_or_default();
+            if text.len() as u64 > max {
+                return Err(too_large(text.len() as u64, max));
+            }
+            let ext = match r.text_format {
+                TextFormat::Md => "md",
+                TextFormat::Txt => "txt",
+            };
+            return Ok(BookBytes {
+                bytes: text.into_bytes(),
+                ext: ext.to_string(),
+                source: format!("amqp:{INTAKE_QUEUE}/{name}"),
+            });
+        };
+        let (bucket, key) = s3_location(source)?;
+        let ext = book_extension(key)?;
+        let store = self.store.for_bucket(bucket);
+        let unreadable = |e: narrator_s3::S3Error| match e.retry_class() {
+            RetryClass::Infrastructure => infra(format!("reading {source}: {e}")),
+            _ => RequestError::bad(
+                "source_unreadable",
+                format!(
+                    "cannot read {source}: {e}; check that the object exists and that the fleet's S3 credentials may read it"
+                ),
+            ),
+        };
+        let size = store.head(key).await.map_err(unreadable)?.ok_or_else(|| {
+            RequestError::bad(
+                "source_unreadable",
+                format!(
+                    "{source} does not exist; upload the book first, or check the bucket and key"
+                ),
+            )
+        })?;
+        if size > max {
+            return Err(too_large(size, max));
+        }
+        let bytes = store.get_bytes(key).await.map_err(unreadable)?;
+        if bytes.len() as u64 > max {
+            return Err(too_large(bytes.len() as u64, max));
+        }
+        Ok(BookBytes {
+            bytes,
+            ext,
+            source: source.clone(),
         })
     }
 
@@ -434,10 +527,11 @@ impl Intake {
             return self.accepted(job, true, key).await;
         }
         let name = key.clone().unwrap_or_else(|| Uuid::new_v4().to_string());
+        let book = self.book_of(&request, &name).await?;
         let config = self.config.clone();
         let planned = {
             let request = request.clone();
-            tokio::task::spawn_blocking(move || plan_request(&request, &config, &name))
+            tokio::task::spawn_blocking(move || plan_request(&request, book, &config))
                 .await
                 .map_err(|e| infra(format!("planning the request: {e}")))??
         };
@@ -684,6 +778,19 @@ mod tests {
             "y".repeat(17000)
         );
         assert_eq!(code(&big), "invalid_request");
+        assert_eq!(code(r#"{"version": 1, "source": "s3://b/k.epub"}"#), "ok");
+        assert_eq!(
+            code(r#"{"version": 1, "source": "s3://b/"}"#),
+            "invalid_request"
+        );
+        assert_eq!(
+            code(r#"{"version": 1, "source": "https://b/k.md"}"#),
+            "invalid_request"
+        );
+        assert_eq!(
+            code(r#"{"version": 1, "source": "s3://b/k.pdf"}"#),
+            "source_unreadable"
+        );
         let e = parse_request(br#"{"version": 1}"#).expect_err("refused");
         assert!(
             e.message.contains("neither text nor source"),

@@ -484,7 +484,8 @@ impl Worker {
     ) -> Result<(), WorkerError> {
         // Declared with the services' (spawn_services).
         let channel = open_channel(conn).await?;
-        let intake = intake::Intake::new(shared.pool.clone(), conn, config).await?;
+        let intake =
+            intake::Intake::new(shared.pool.clone(), conn, shared.store.clone(), config).await?;
         let stop = shared.stop.clone();
         services.spawn(async move {
             // The channel recovers with the connection (a broker restart); the consumer
