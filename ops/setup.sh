@@ -30,6 +30,8 @@
 #   espeak-ng-data/                  Piper's espeak-ng data; espeak_Initialize path = .deps
 #   piper-venv/                      only with --with-piper
 #   clients-venv/                    pika and jsonschema (tests/producers.rs); only with --test
+#   clients-node/                    amqplib for examples/producers/node (its lock), links to
+#                                    its scripts (tests/producers.rs); only with --test
 #   onnxruntime-gpu/libonnxruntime.so.1.31.1 (+ the CUDA provider)  only with --gpu
 #   cuda/lib/                        CUDA runtime, cuBLAS, cuFFT, cuRAND, NVRTC, nvJitLink,
 #                                    cuDNN shared libraries; only with --gpu
@@ -122,7 +124,8 @@ die() {
 ((WITH_KOKORO)) && ! command -v npm >/dev/null && APT_PACKAGES+=(npm)
 # --test: ffprobe reads the M4B files back; EPUBCheck (Java) checks the read-along EPUBs;
 # Prometheus and promtool scrape a worker and check the alert rules; node/npm fetch the
-# KEDA schemas and python3-venv holds kubernetes-validate (ops/k8s-check.sh). PostgreSQL and RabbitMQ when nothing answers on their
+# KEDA schemas and python3-venv holds kubernetes-validate (ops/k8s-check.sh), and npm the
+# Node producer example's amqplib. PostgreSQL and RabbitMQ when nothing answers on their
 # ports (ops/test.sh starts them).
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 ((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg epubcheck prometheus python3-venv)
@@ -330,6 +333,33 @@ if ((FOR_TESTS)); then
         "$CLIENTS/bin/python" -c "import pika, jsonschema" || die "$CLIENTS: pika or jsonschema does not import"
         echo "$CLIENTS_TEXT" >"$CLIENTS_STAMP"
     fi
+fi
+# Node's amqplib for examples/producers/node, as its package-lock.json pins it, installed
+# into .deps/clients-node (not beside the example). Node resolves `import "amqplib"` from
+# the importing file's folder (ESM ignores NODE_PATH), so the example's scripts are linked
+# here too; the tests run them with `node --preserve-symlinks-main .deps/clients-node/X.mjs`.
+NODE_EXAMPLE="$ROOT/examples/producers/node"
+CLIENTS_NODE="$DEPS/clients-node"
+CLIENTS_NODE_STAMP="$CLIENTS_NODE/.narrator-ok"
+if ((FOR_TESTS)); then
+    command -v npm >/dev/null || die "npm is missing (Debian's npm): the Node producer example needs it"
+    CLIENTS_NODE_TEXT="package-lock.json sha256 $(sha256sum "$NODE_EXAMPLE/package-lock.json" | cut -d' ' -f1)"
+    if [[ -f "$CLIENTS_NODE_STAMP" && "$(cat "$CLIENTS_NODE_STAMP")" == "$CLIENTS_NODE_TEXT" \
+        && -f "$CLIENTS_NODE/node_modules/amqplib/package.json" ]]; then
+        step "node clients: present (amqplib of examples/producers/node/package-lock.json)"
+    else
+        step "node clients: npm ci into .deps/clients-node (examples/producers/node/package-lock.json)"
+        rm -rf "$CLIENTS_NODE"
+        mkdir -p "$CLIENTS_NODE"
+        cp "$NODE_EXAMPLE/package.json" "$NODE_EXAMPLE/package-lock.json" "$CLIENTS_NODE/"
+        (cd "$CLIENTS_NODE" && npm ci --no-audit --no-fund --silent) \
+            || die "npm ci in $CLIENTS_NODE failed (is the npm registry reachable?)"
+        (cd "$CLIENTS_NODE" && node -e 'require("amqplib")') || die "$CLIENTS_NODE: amqplib does not load"
+        echo "$CLIENTS_NODE_TEXT" >"$CLIENTS_NODE_STAMP"
+    fi
+    for script in "$NODE_EXAMPLE"/*.mjs; do
+        ln -sfn "../../examples/producers/node/${script##*/}" "$CLIENTS_NODE/${script##*/}"
+    done
 fi
 
 # ---- 4b. optional GPU runtime --------------------------------------------------------------

@@ -1,5 +1,6 @@
-//! Producers on RabbitMQ (docs/PRODUCERS.md), with a client no one here wrote: Python's
-//! pika runs `examples/producers/request.py` against a real worker, and Python's
+//! Producers on RabbitMQ (docs/PRODUCERS.md), with clients no one here wrote: Python's
+//! pika runs `examples/producers/request.py` and Node's amqplib
+//! `examples/producers/node/request.mjs` against a real worker, and Python's
 //! `jsonschema` checks every request, reply and event against `docs/schema/`. Services as in
 //! `cluster.rs` (`bash ops/test.sh` starts them).
 
@@ -76,42 +77,18 @@ fn a_book_requested_with_pika_is_answered_once_and_narrated() {
     assert_eq!(st["format"], "wav", "{st}");
     assert_eq!(st["request_key"], "order-17", "{st}");
     assert_eq!(st["request_metadata"]["isbn"], "978-0-00-000000-0", "{st}");
+    let out = w.ok(&["jobs", "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("jobs --json");
+    assert_eq!(listed[0]["request_key"], "order-17", "{listed}");
+    assert_eq!(listed[0]["request_metadata"]["isbn"], "978-0-00-000000-0");
+    let out = w.ok(&["jobs"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("[request order-17]"), "{table}");
     assert_eq!(w.queue_ready(INTAKE_QUEUE), 0);
     // The events: job.queued once (the second delivery made no job), then job.done with
     // every output and a URL that serves it.
     let events = listener.events(Duration::from_secs(120));
-    for e in &events {
-        assert_schema("job-event.v1.json", e);
-        assert_eq!(e["subject"], job.to_string(), "{e}");
-        assert_eq!(e["data"]["idempotency_key"], "order-17", "{e}");
-        assert_eq!(e["data"]["metadata"]["isbn"], "978-0-00-000000-0", "{e}");
-    }
-    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
-    assert_eq!(
-        types,
-        ["narrator.job.queued", "narrator.job.done"],
-        "{events:?}"
-    );
-    let done = &events[1]["data"];
-    assert_eq!(done["state"], "done", "{done}");
-    assert_eq!(done["segments_done"], 4, "{done}");
-    let book_url = done["outputs"]
-        .as_array()
-        .and_then(|o| o.iter().find(|o| o["kind"] == "book"))
-        .and_then(|o| o["url"].as_str())
-        .unwrap_or_else(|| panic!("no book URL in {done}"));
-    let wav = ureq::get(book_url)
-        .call()
-        .expect("GET the book's URL")
-        .body_mut()
-        .read_to_vec()
-        .expect("body");
-    let (rate, samples) = narrator_audio::decode_wav_bytes(&wav).expect("a WAV");
-    assert!(
-        rate > 0 && !samples.is_empty(),
-        "{rate} Hz, {} samples",
-        samples.len()
-    );
+    announced_and_served(events, job, "order-17");
 }
 
 /// A worker killed between recording a request's job and acknowledging it: the request
@@ -313,6 +290,225 @@ fn an_event_made_while_the_broker_is_away_is_published_when_it_is_back() {
     assert_eq!(events[1]["data"]["state"], "cancelled");
 }
 
+/// A book too large for a message, named by `source`: the worker reads the EPUB from the
+/// bucket (its chapters and title as `submit` reads them) and narrates it; a source that
+/// is missing, or not a book, is refused with `source_unreadable` and dead-lettered.
+#[test]
+fn a_book_named_by_its_s3_source_is_read_from_the_bucket() {
+    let mut w = World::new();
+    let epub = w.tmp.path().join("harbour.epub");
+    narrator_test_support::media::harbour_epub(&epub);
+    let store = w.store();
+    let key = format!("incoming/{}/harbour.epub", Uuid::new_v4());
+    let bytes = std::fs::read(&epub).expect("epub");
+    w.rt.block_on(store.put_bytes(&key, bytes, "application/epub+zip"))
+        .expect("upload the book");
+    let source = format!("s3://{}/{key}", store.bucket());
+    assert_schema(
+        "job-request.v1.json",
+        &serde_json::json!({"version": 1, "source": source}),
+    );
+    w.worker("a", &["--engine", "null"], &[]);
+    let (code, reply) = w.request(
+        std::path::Path::new(&source),
+        &["--message-id", "by-source", "--set", "format=\"wav\""],
+    );
+    assert_eq!(code, 0, "{reply} {}", w.logs());
+    assert_schema("job-reply.v1.json", &reply);
+    let job = job_of(&reply);
+    w.wait_state(job, JobState::Done, Duration::from_secs(120));
+    let st = w.status(job);
+    assert_eq!(st["title"], "Harbour Notes", "{st}");
+    assert_eq!(st["source"], source, "{st}");
+    assert!(
+        st["segments_done"].as_u64().unwrap_or(0) >= 3,
+        "both chapters: {st}"
+    );
+    let missing = format!("s3://{}/incoming/nobody.md", store.bucket());
+    let pdf = format!("s3://{}/incoming/book.pdf", store.bucket());
+    for (src, says) in [(&missing, "does not exist"), (&pdf, ".txt, .md or .epub")] {
+        let (code, reply) = w.request(std::path::Path::new(src), &[]);
+        assert_eq!(code, 1, "{src}: {reply}");
+        assert_schema("job-reply.v1.json", &reply);
+        assert_eq!(reply["error"]["code"], "source_unreadable", "{reply}");
+        let message = reply["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{src}: {message}");
+    }
+    assert_eq!(w.queue_ready(INTAKE_DEAD_QUEUE), 2, "{}", w.logs());
+}
+
+/// `narrator submit --via-broker`: the CLI as a producer, with no database (a wrong
+/// database URL, no voices folder): a Markdown book in the message, an EPUB through S3,
+/// the same request key again answered with the first job, a flag a request cannot carry
+/// refused with what to do.
+#[test]
+fn submit_via_broker_needs_only_the_broker_and_s3() {
+    let mut w = World::new();
+    w.worker("a", &["--engine", "null"], &[]);
+    let book = w.book("brokered.md", &book_text(2, 2, None));
+    let epub = w.tmp.path().join("harbour.epub");
+    narrator_test_support::media::harbour_epub(&epub);
+    let producer = |args: &[&str]| {
+        let mut c = w.cmd();
+        c.env(
+            "NARRATOR_DATABASE_URL",
+            "postgres://nobody@127.0.0.1:9/nowhere",
+        )
+        .env("NARRATOR_DATA_DIR", w.tmp.path().join("no-data"))
+        .env("NARRATOR_VOICES_DIR", w.tmp.path().join("no-voices"))
+        .args(["submit", "--via-broker", "--json", "--format", "wav"])
+        .args(args);
+        c.output().expect("narrator submit --via-broker")
+    };
+    let replies = |out: &std::process::Output| -> Vec<serde_json::Value> {
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            w.logs()
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+            .collect()
+    };
+    let book_arg = book.to_str().expect("utf8");
+    let args = [
+        book_arg,
+        "--request-key",
+        "cli-1",
+        "--metadata",
+        r#"{"order": 7}"#,
+    ];
+    let first = replies(&producer(&args));
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0]["duplicate"], false, "{first:?}");
+    assert_eq!(first[0]["segments"], 4, "{first:?}");
+    let job = job_of(&first[0]);
+    let again = replies(&producer(&args));
+    assert_eq!(job_of(&again[0]), job, "one job per request key");
+    assert_eq!(again[0]["duplicate"], true);
+    let by_source = replies(&producer(&[epub.to_str().expect("utf8")]));
+    let epub_job = job_of(&by_source[0]);
+    for j in [job, epub_job] {
+        w.wait_state(j, JobState::Done, Duration::from_secs(120));
+    }
+    let st = w.status(job);
+    assert_eq!(st["request_key"], "cli-1", "{st}");
+    assert_eq!(st["request_metadata"]["order"], 7, "{st}");
+    let st = w.status(epub_job);
+    assert_eq!(st["title"], "Harbour Notes", "{st}");
+    assert!(
+        st["source"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("s3://") && s.ends_with("/harbour.epub")),
+        "{st}"
+    );
+    let out = producer(&[book_arg, "--cover", book_arg]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--cover is not part of a request"), "{err}");
+}
+
+/// The events of a requested 4-segment WAV book (metadata `isbn`): each follows the
+/// schema and names the job and request; `job.queued` then `job.done` (progress aside),
+/// and `job.done`'s URL serves the book.
+fn announced_and_served(events: Vec<serde_json::Value>, job: Uuid, key: &str) {
+    for e in &events {
+        assert_schema("job-event.v1.json", e);
+        assert_eq!(e["subject"], job.to_string(), "{e}");
+        assert_eq!(e["data"]["idempotency_key"], key, "{e}");
+        assert_eq!(e["data"]["metadata"]["isbn"], "978-0-00-000000-0", "{e}");
+    }
+    let events = without_progress(events);
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(
+        types,
+        ["narrator.job.queued", "narrator.job.done"],
+        "{events:?}"
+    );
+    let done = &events[1]["data"];
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["segments_done"], 4, "{done}");
+    let book_url = done["outputs"]
+        .as_array()
+        .and_then(|o| o.iter().find(|o| o["kind"] == "book"))
+        .and_then(|o| o["url"].as_str())
+        .unwrap_or_else(|| panic!("no book URL in {done}"));
+    let wav = ureq::get(book_url)
+        .call()
+        .expect("GET the book's URL")
+        .body_mut()
+        .read_to_vec()
+        .expect("body");
+    let (rate, samples) = narrator_audio::decode_wav_bytes(&wav).expect("a WAV");
+    assert!(
+        rate > 0 && !samples.is_empty(),
+        "{rate} Hz, {} samples",
+        samples.len()
+    );
+}
+
+/// The events of state changes: `job.progress` may come between them (a fast job can be
+/// seen running), and is tested apart.
+fn without_progress(events: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    events
+        .into_iter()
+        .filter(|e| e["type"] != "narrator.job.progress")
+        .collect()
+}
+
+/// `job.progress` while a book is read: the finished segments climb, the audio so far
+/// grows, and a job's progress events come at least 5 s apart.
+#[test]
+fn a_running_book_announces_its_progress_every_few_seconds() {
+    let mut w = World::new();
+    let book = w.book("long.md", &book_text(1, 30, None));
+    w.worker(
+        "a",
+        &["--engine", "null", "--max-batch", "2"],
+        &[("NARRATOR_TEST_RUN_MS", "500")],
+    );
+    let listener = w.listen_events("any");
+    let (code, reply) = w.request(&book, &["--set", "format=\"wav\""]);
+    assert_eq!(code, 0, "{reply}");
+    let events = listener.events(Duration::from_secs(180));
+    let progress: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["type"] == "narrator.job.progress")
+        .collect();
+    assert!(progress.len() >= 2, "{events:?}");
+    for e in &progress {
+        assert_schema("job-event.v1.json", e);
+        assert_eq!(e["data"]["state"], "running", "{e}");
+    }
+    let done: Vec<u64> = progress
+        .iter()
+        .filter_map(|e| e["data"]["segments_done"].as_u64())
+        .collect();
+    assert!(done.windows(2).all(|p| p[0] < p[1]), "climbing: {done:?}");
+    assert!(done.iter().all(|&n| n > 0 && n <= 30), "{done:?}");
+    let audio: Vec<f64> = progress
+        .iter()
+        .filter_map(|e| e["data"]["audio_seconds"].as_f64())
+        .collect();
+    assert!(audio.windows(2).all(|p| p[0] < p[1]), "growing: {audio:?}");
+    let times: Vec<chrono::DateTime<chrono::FixedOffset>> = progress
+        .iter()
+        .filter_map(|e| e["time"].as_str())
+        .filter_map(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .collect();
+    assert_eq!(times.len(), progress.len());
+    for pair in times.windows(2) {
+        let gap = (pair[1] - pair[0]).num_milliseconds();
+        assert!(gap >= 4_900, "progress {gap} ms apart: {times:?}");
+    }
+    assert_eq!(
+        events.last().map(|e| e["type"].clone()),
+        Some(serde_json::json!("narrator.job.done"))
+    );
+}
+
 /// Polls `cond` every 200 ms for up to 120 s.
 fn wait_for(cond: impl Fn() -> bool, what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -323,4 +519,35 @@ fn wait_for(cond: impl Fn() -> bool, what: &str) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The same with Node's amqplib (`examples/producers/node`): the request is answered, and
+/// the listener's job.queued and job.done follow the schema; the book is downloaded from
+/// job.done's URL.
+#[test]
+fn a_book_requested_with_amqplib_is_answered_and_announced() {
+    let mut w = World::new();
+    let book = w.book("requested.md", &book_text(2, 2, None));
+    w.worker("a", &["--engine", "null"], &[]);
+    let listener = w.listen_events_node("any");
+    let (code, reply) = w.request_node(
+        &book,
+        &[
+            "--message-id",
+            "order-18",
+            "--set",
+            "format=\"wav\"",
+            "--set",
+            "metadata={\"isbn\": \"978-0-00-000000-0\"}",
+        ],
+    );
+    assert_eq!(code, 0, "{reply}");
+    assert_schema("job-reply.v1.json", &reply);
+    assert_eq!(reply["duplicate"], false, "{reply}");
+    assert_eq!(reply["idempotency_key"], "order-18", "{reply}");
+    assert_eq!(reply["segments"], 4, "{reply}");
+    let job = job_of(&reply);
+    w.wait_state(job, JobState::Done, Duration::from_secs(120));
+    let events = listener.events(Duration::from_secs(120));
+    announced_and_served(events, job, "order-18");
 }

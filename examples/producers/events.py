@@ -5,7 +5,7 @@
 
 Binds a queue of its own (exclusive: it goes with the connection) to the topic
 exchange narrator.events and prints each event: a CloudEvents 1.0 object whose "type"
-is narrator.job.queued, .done, .failed, .cancelled or .retried and whose "data" has the
+is narrator.job.queued, .progress, .done, .failed, .cancelled or .retried and whose "data" has the
 job id, the request's idempotency key and metadata, the state, the segment counts, the
 audio seconds, RTF and latency, the failure if any, and on job.done the outputs with a
 presigned URL each. Events come at least once: dedupe by "id". The first line printed,

@@ -663,13 +663,31 @@ impl World {
     /// against this world's broker: `book` as the request's text, `args` its other
     /// flags. Returns its exit status and the reply it printed (`null` without one).
     pub fn request(&self, book: &Path, args: &[&str]) -> (i32, serde_json::Value) {
-        let out = Command::new(clients_python())
-            .arg(root().join("examples/producers/request.py"))
+        let mut python = Command::new(clients_python());
+        python.arg(root().join("examples/producers/request.py"));
+        self.run_request(python, book, args)
+    }
+
+    /// [`World::request`] with the Node producer example
+    /// (`examples/producers/node/request.mjs`, with amqplib).
+    pub fn request_node(&self, book: &Path, args: &[&str]) -> (i32, serde_json::Value) {
+        self.run_request(node_example("request.mjs"), book, args)
+    }
+
+    /// Runs a producer example's request script (`script`: its interpreter and path)
+    /// with this world's broker, `book` and `args`.
+    fn run_request(
+        &self,
+        mut script: Command,
+        book: &Path,
+        args: &[&str],
+    ) -> (i32, serde_json::Value) {
+        let out = script
             .arg(&self.amqp_url)
             .arg(book)
             .args(args)
             .output()
-            .expect("run examples/producers/request.py");
+            .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
         let stdout = String::from_utf8_lossy(&out.stdout);
         let reply = stdout
             .lines()
@@ -689,13 +707,26 @@ impl World {
     /// world's broker, its queue bound to `narrator.events`, until `until_done` (a job id
     /// or `any`) ends; returns once the queue is bound.
     pub fn listen_events(&self, until_done: &str) -> EventListener {
-        let mut child = Command::new(clients_python())
-            .arg(root().join("examples/producers/events.py"))
+        let mut python = Command::new(clients_python());
+        python.arg(root().join("examples/producers/events.py"));
+        self.listen_with(python, until_done)
+    }
+
+    /// [`World::listen_events`] with the Node listener
+    /// (`examples/producers/node/events.mjs`, with amqplib).
+    pub fn listen_events_node(&self, until_done: &str) -> EventListener {
+        self.listen_with(node_example("events.mjs"), until_done)
+    }
+
+    /// Starts a producer example's events script (`script`: its interpreter and path) on
+    /// this world's broker; returns once it printed `{"ready": true}`.
+    fn listen_with(&self, mut script: Command, until_done: &str) -> EventListener {
+        let mut child = script
             .arg(&self.amqp_url)
             .args(["--until-done", until_done, "--timeout", "240"])
             .stdout(Stdio::piped())
             .spawn()
-            .expect("run examples/producers/events.py");
+            .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -711,8 +742,13 @@ impl World {
         });
         let ready = rx
             .recv_timeout(Duration::from_secs(60))
-            .expect("events.py bound its queue");
-        assert_eq!(ready, r#"{"ready": true}"#);
+            .unwrap_or_else(|_| panic!("{script:?} bound its queue"));
+        // As JSON: Python's json.dumps writes `{"ready": true}`, JSON.stringify `{"ready":true}`.
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&ready).ok(),
+            Some(serde_json::json!({"ready": true})),
+            "{script:?} printed {ready}"
+        );
         EventListener { child, lines: rx }
     }
 
@@ -820,7 +856,8 @@ impl Drop for World {
 
 /// A Markdown book of `chapters` chapters of `sentences` distinct sentences each; with
 /// `extra = Some((n, text))` the n-th sentence (from 1) is `text`.
-/// The Python events listener of [`World::listen_events`].
+/// The events listener of [`World::listen_events`] (Python) or
+/// [`World::listen_events_node`] (Node).
 pub struct EventListener {
     child: Child,
     lines: std::sync::mpsc::Receiver<String>,
@@ -839,12 +876,15 @@ impl EventListener {
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     let _ = self.child.kill();
-                    panic!("events.py did not finish within {within:?}; got {events:?}");
+                    panic!("the events listener did not finish within {within:?}; got {events:?}");
                 }
             }
         }
-        let status = self.child.wait().expect("events.py");
-        assert!(status.success(), "events.py: {status}; got {events:?}");
+        let status = self.child.wait().expect("the events listener");
+        assert!(
+            status.success(),
+            "the events listener: {status}; got {events:?}"
+        );
         events
     }
 }
@@ -859,6 +899,34 @@ pub fn clients_python() -> PathBuf {
         python.display()
     );
     python
+}
+
+/// The Node producer example's `node_modules` (`.deps/clients-node`: amqplib as
+/// `examples/producers/node/package-lock.json` pins it; made by `bash ops/setup.sh --test`).
+pub fn clients_node() -> PathBuf {
+    let dir = root().join(".deps/clients-node");
+    assert!(
+        dir.join("node_modules/amqplib/package.json").exists(),
+        "{} has no amqplib: run `bash ops/setup.sh --test` (bash ops/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+/// `node` running the Node producer example's `script` (`examples/producers/node/`)
+/// through its link in [`clients_node`]: ESM resolves `import "amqplib"` from the
+/// script's folder (NODE_PATH is ignored), and `--preserve-symlinks-main` makes that
+/// folder the link's, beside `.deps/clients-node/node_modules`.
+fn node_example(script: &str) -> Command {
+    let link = clients_node().join(script);
+    assert!(
+        link.exists(),
+        "{} is missing: run `bash ops/setup.sh --test` (it links examples/producers/node/*.mjs)",
+        link.display()
+    );
+    let mut node = Command::new("node");
+    node.arg("--preserve-symlinks-main").arg(link);
+    node
 }
 
 /// Checks `value` against the JSON Schema `docs/schema/NAME` with Python's `jsonschema`

@@ -101,6 +101,12 @@ impl Publisher {
         Ok(())
     }
 
+    /// The channel (a requester consumes its replies on it: RabbitMQ's direct reply-to
+    /// answers on the channel that published).
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
     /// Publishes a body (persistent, mandatory) and waits for the confirm; a nack or a
     /// returned message is an error. After a connection loss it waits for lapin's
     /// recovery and publishes once more.

@@ -386,7 +386,7 @@ pub async fn cancel_job(exec: impl PgExecutor<'_>, job: Uuid) -> Result<bool, Db
     changed(row, job)
 }
 
-/// One row of the `job_status` view.
+/// One row of the `job_status` view, with the request's name and metadata from `jobs`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobSummary {
     /// Job id.
@@ -431,6 +431,11 @@ pub struct JobSummary {
     pub started_at: Option<DateTime<Utc>>,
     /// Ended.
     pub finished_at: Option<DateTime<Utc>>,
+    /// The name of the producer's request that made the job (its AMQP `message_id` or
+    /// `idempotency_key`; docs/PRODUCERS.md), if one did.
+    pub request_key: Option<String>,
+    /// The producer's metadata kept with the job.
+    pub request_metadata: Option<serde_json::Value>,
 }
 
 /// A chapter's progress.
@@ -461,11 +466,6 @@ pub struct JobStatus {
     /// For a job that has not ended: what it is waiting on, when anything but its turn
     /// (no worker alive, no progress, a rescue, a postponed or orphaned assembly).
     pub waiting: Option<String>,
-    /// The name of the producer's request that made the job (its AMQP `message_id` or
-    /// `idempotency_key`; docs/PRODUCERS.md), if one did.
-    pub request_key: Option<String>,
-    /// The producer's metadata kept with the job.
-    pub request_metadata: Option<serde_json::Value>,
 }
 
 /// Seconds after which a worker row counts as gone (6 default heartbeats).
@@ -547,6 +547,10 @@ fn summary(row: &PgRow) -> Result<JobSummary, DbError> {
         created_at: row.try_get("created_at")?,
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
+        request_key: row.try_get("request_key")?,
+        request_metadata: row
+            .try_get::<Option<Json<serde_json::Value>>, _>("request_metadata")?
+            .map(|Json(v)| v),
     })
 }
 
@@ -605,24 +609,25 @@ pub async fn job_status(
         .collect::<Result<Vec<_>, DbError>>()?;
     let summary = summary(&row)?;
     let waiting = waiting(&row, summary.state)?;
-    let request_metadata: Option<Json<serde_json::Value>> = row.try_get("request_metadata")?;
     Ok(Some(JobStatus {
         summary,
         chapters,
         warnings,
         waiting,
-        request_key: row.try_get("request_key")?,
-        request_metadata: request_metadata.map(|Json(v)| v),
     }))
 }
 
 /// The most recent jobs, newest first.
 pub async fn list_jobs(exec: impl PgExecutor<'_>, limit: u32) -> Result<Vec<JobSummary>, DbError> {
-    sqlx::query("SELECT * FROM job_status ORDER BY created_at DESC, id LIMIT $1")
-        .bind(i64::from(limit))
-        .fetch_all(exec)
-        .await?
-        .iter()
-        .map(summary)
-        .collect()
+    sqlx::query(
+        "SELECT v.*, j.request_key, j.request_metadata \
+         FROM job_status v JOIN jobs j ON j.id = v.id \
+         ORDER BY v.created_at DESC, v.id LIMIT $1",
+    )
+    .bind(i64::from(limit))
+    .fetch_all(exec)
+    .await?
+    .iter()
+    .map(summary)
+    .collect()
 }

@@ -54,35 +54,50 @@ pub struct IntakeConfig {
 }
 
 /// One request: the body of a message on `narrator.intake` (docs/schema/job-request.v1.json).
-#[derive(Debug, Clone, Deserialize)]
+/// Serialized by [`crate::request::Requester`] (`narrator submit --via-broker`), absent
+/// fields left out.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobRequest {
     pub version: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     #[serde(default)]
     pub text_format: TextFormat,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub author: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub language: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub voice: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub speaker: Option<SpeakerRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub speed: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub format: Option<String>,
     #[serde(default)]
     pub chapter_files: bool,
     #[serde(default)]
     pub subtitles: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub epub_overlay: Option<String>,
     #[serde(default)]
     pub priority: Priority,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub lexicon: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// How a request's `text` is read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TextFormat {
     #[default]
@@ -91,7 +106,7 @@ pub enum TextFormat {
 }
 
 /// A speaker by name or id.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum SpeakerRef {
     Id(u32),
@@ -99,7 +114,7 @@ pub enum SpeakerRef {
 }
 
 /// A request's lane.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Priority {
     #[default]
@@ -146,7 +161,7 @@ impl RequestError {
 }
 
 /// The answer to a request, as sent to its `reply_to`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Reply {
     Accepted {
@@ -164,7 +179,7 @@ pub enum Reply {
 }
 
 /// A refused request's error, as replied.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplyError {
     pub code: String,
     pub message: String,

@@ -32,6 +32,7 @@ pub mod liveness;
 pub mod outage;
 pub mod publish;
 pub mod reconciler;
+pub mod request;
 pub mod state;
 pub mod submit;
 

@@ -395,6 +395,24 @@ pub(crate) struct SubmitArgs {
     /// One JSON object per job per line.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Submit as a producer does (docs/PRODUCERS.md): each book one request on
+    /// `narrator.intake`, which a worker plans and records, and its reply printed. Needs
+    /// only the broker, and S3 for an EPUB or a book over 4 MiB (uploaded under
+    /// `incoming/` and sent by its `source`); no voice files, no database.
+    #[arg(long)]
+    pub(crate) via_broker: bool,
+    /// With --via-broker: the request's name (its message_id). The same name again makes
+    /// no second job: a retried submit is answered with the first one's job. One book
+    /// only. Default: a new name per book.
+    #[arg(long, requires = "via_broker", value_name = "KEY")]
+    pub(crate) request_key: Option<String>,
+    /// With --via-broker: a JSON object of yours kept with the job and returned in its
+    /// events (at most 16 KiB).
+    #[arg(long, requires = "via_broker", value_name = "JSON")]
+    pub(crate) metadata: Option<String>,
+    /// With --via-broker: seconds to wait for each reply.
+    #[arg(long, requires = "via_broker", default_value_t = 120)]
+    pub(crate) reply_timeout: u64,
     #[command(flatten)]
     pub(crate) text: TextArgs,
     #[command(flatten)]

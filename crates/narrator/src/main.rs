@@ -140,6 +140,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Synth(a) => run::synth(&paths()?, a).await,
         Command::Voices(a) => voices(&paths()?, a),
         #[cfg(feature = "fleet")]
+        Command::Submit(a) if a.via_broker => cluster::via_broker::submit(a).await,
+        #[cfg(feature = "fleet")]
         Command::Submit(a) => cluster::submit::submit(&paths()?, a).await,
         #[cfg(feature = "fleet")]
         Command::Worker(a) => cluster::worker::worker(&paths()?, a).await,

@@ -82,10 +82,10 @@ fn print_status(
     if let Some(w) = &st.waiting {
         println!("waiting: {w}");
     }
-    if let Some(key) = &st.request_key {
+    if let Some(key) = &s.request_key {
         println!("request {key} (narrator.intake)");
     }
-    if let Some(m) = &st.request_metadata {
+    if let Some(m) = &s.request_metadata {
         println!("metadata {m}");
     }
     for c in &st.chapters {
@@ -186,7 +186,7 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
     );
     for j in list {
         println!(
-            "{:<36}  {:<10}  {:>5}/{:<5}  {:>9}  {:>6}  {:>3}  {}",
+            "{:<36}  {:<10}  {:>5}/{:<5}  {:>9}  {:>6}  {:>3}  {}{}",
             j.job_id,
             j.state.as_str(),
             j.segments_done,
@@ -194,7 +194,11 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<()> {
             hms(j.audio_seconds),
             opt(j.rtf, 3),
             j.priority,
-            j.title
+            j.title,
+            j.request_key
+                .as_ref()
+                .map(|k| format!("  [request {k}]"))
+                .unwrap_or_default()
         );
     }
     Ok(())

@@ -5,6 +5,7 @@
 pub(crate) mod admin;
 pub(crate) mod fleet;
 pub(crate) mod submit;
+pub(crate) mod via_broker;
 pub(crate) mod worker;
 
 use std::time::Duration;

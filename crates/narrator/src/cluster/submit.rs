@@ -20,7 +20,7 @@ const BOOK_EXTENSIONS: [&str; 5] = ["txt", "md", "markdown", "epub", "text"];
 
 /// The books named by the arguments: files as given, folders searched recursively for
 /// book files (sorted, so a folder's jobs are submitted in a stable order).
-fn expand(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+pub(super) fn expand(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut books = Vec::new();
     for input in inputs {
         if input.is_dir() {
