@@ -509,6 +509,36 @@ fn a_running_book_announces_its_progress_every_few_seconds() {
     );
 }
 
+/// The intake outlives a broker restart: the worker's consumer of `narrator.intake` is
+/// registered again once the broker is back, and a request published then is answered
+/// and its book narrated, without restarting the worker.
+#[test]
+fn the_intake_is_served_again_after_the_broker_restarts() {
+    let rabbit = PrivateRabbit::start(5690);
+    let mut w = World::on(Services {
+        rabbit_node: Some(rabbit.node.clone()),
+        amqp_port: rabbit.port,
+        ..Services::shared()
+    });
+    let worker = w.worker("r1", &["--engine", "null", "--broker-timeout", "120"], &[]);
+    let book = w.book("before.md", &book_text(1, 2, None));
+    let (code, reply) = w.request(&book, &["--set", "format=\"wav\""]);
+    assert_eq!(code, 0, "{reply}");
+    w.wait_state(job_of(&reply), JobState::Done, Duration::from_secs(120));
+    rabbit.stop_app();
+    std::thread::sleep(Duration::from_secs(2));
+    rabbit.start_app();
+    let book = w.book("after.md", &book_text(1, 3, None));
+    let (code, reply) = w.request(&book, &["--set", "format=\"wav\""]);
+    assert_eq!(code, 0, "{reply} {}", w.logs());
+    w.wait_state(job_of(&reply), JobState::Done, Duration::from_secs(120));
+    assert!(
+        w.workers[worker].try_wait().expect("wait").is_none(),
+        "the worker exited: {}",
+        w.logs()
+    );
+}
+
 /// Polls `cond` every 200 ms for up to 120 s.
 fn wait_for(cond: impl Fn() -> bool, what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);

@@ -10,6 +10,9 @@
 #                               mix in; PG_EXTRA_OPTS adds server options
 #   private_pg_stop DIR         stop it (immediate)
 #   as_pg CMD...                run CMD as the postgres user when root
+#   ticks PID                   CPU ticks of a process and its waited-for children
+#   pg_ticks DIR                CPU ticks of the private PostgreSQL in DIR/pg: the
+#                               postmaster (with its exited backends) and its live backends
 
 say() { printf '%s: %s\n' "$BENCH" "$*" >&2; }
 die() {
@@ -58,4 +61,15 @@ private_pg_start() {
 private_pg_stop() {
     [[ -n "${PGBIN:-}" ]] && as_pg "$PGBIN/pg_ctl" -D "$1/pg" -m immediate stop >/dev/null 2>&1
     return 0
+}
+
+# utime stime cutime cstime of /proc/PID/stat.
+ticks() { awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+pg_ticks() {
+    local main total=0 p
+    main="$(head -n 1 "$1/pg/postmaster.pid")"
+    total=$(ticks "$main")
+    for p in $(pgrep -P "$main"); do total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done
+    echo "$total"
 }

@@ -77,21 +77,12 @@ done
 for w in $(seq 2 "$WORKERS"); do ready "$w"; done
 say "$BOOKS books x $SEGMENTS segments, $WORKERS workers (engine $ENGINE), Postgres :$PG_PORT, vhost $VHOST; files in $OUT"
 
-# CPU ticks of a process and its waited-for children (utime stime cutime cstime).
-ticks() { awk '{print $14 + $15 + $16 + $17}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-pg_ticks() {
-    local main total=0 p
-    main="$(head -n 1 "$WORK/pg/postmaster.pid")"
-    total=$(ticks "$main")
-    for p in $(pgrep -P "$main"); do total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done
-    echo "$total"
-}
 beam="$(pgrep -o beam.smp || echo 0)"
 s3="$(pgrep -o -f 's3s-fs' || echo 0)"
 cpu() {
     local w=0 p
     for p in "${PIDS[@]}"; do w=$((w + $(ticks "$p"))); done
-    echo "$(pg_ticks) $(ticks "$beam") $(ticks "$s3") $w"
+    echo "$(pg_ticks "$WORK") $(ticks "$beam") $(ticks "$s3") $w"
 }
 "${PSQL[@]}" -c "SELECT pg_stat_statements_reset()" >/dev/null
 cpu0="$(cpu)"

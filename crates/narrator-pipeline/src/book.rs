@@ -119,6 +119,28 @@ pub fn read_book(path: &Path, voice: &Voice, opts: &ReadOptions) -> anyhow::Resu
     Ok(ReadBook { doc, lexicon })
 }
 
+/// A book held in memory (a producer's request: `bytes` of `format`, named `origin` in
+/// errors), read as [`read_book`] reads a file, with `lexicon` (a lexicon's text, applied
+/// after `opts.lexicons`) when the request has one.
+pub fn read_book_bytes(
+    bytes: &[u8],
+    format: narrator_text::InputFormat,
+    origin: &str,
+    lexicon: Option<&str>,
+    voice: &Voice,
+    opts: &ReadOptions,
+) -> anyhow::Result<ReadBook> {
+    let load = load_options(voice, opts.max_input_bytes, opts.keep_looks);
+    let mut doc = narrator_text::parse_bytes(bytes, format, &load, origin)?;
+    apply_meta(&mut doc, &opts.meta, Path::new(origin))?;
+    let mut all = lexicon_for(None, &opts.lexicons)?;
+    if let Some(text) = lexicon {
+        all = all.then(Lexicon::parse(text, "the request's lexicon")?);
+    }
+    doc.apply_lexicon(&all, &load)?;
+    Ok(ReadBook { doc, lexicon: all })
+}
+
 /// What besides the text decides a book's audio: the voice, a digest of its model, and
 /// the scales and speaker its segments are synthesized with. A worker synthesizes a
 /// job's segments with exactly these scales, so the job id names the audio.

@@ -64,6 +64,30 @@ pub(crate) fn load(path: &Path, opts: &LoadOptions) -> Result<Document, TextErro
     }
 }
 
+/// A book held in memory, read as a file of `format` would be (the same bounds, the same
+/// decoding). `origin` names it in errors.
+pub(crate) fn parse_bytes(
+    bytes: &[u8],
+    format: InputFormat,
+    opts: &LoadOptions,
+    origin: &Path,
+) -> Result<Document, TextError> {
+    if bytes.is_empty() {
+        return Err(TextError::Empty {
+            path: origin.to_path_buf(),
+        });
+    }
+    match format {
+        InputFormat::Epub => parse_epub(std::io::Cursor::new(bytes), opts, origin),
+        InputFormat::Text | InputFormat::Markdown => {
+            if bytes.len() as u64 > opts.max_bytes {
+                return Err(too_large(origin, bytes.len() as u64, opts.max_bytes));
+            }
+            parse_text(decode(bytes, origin)?, format, opts, origin)
+        }
+    }
+}
+
 /// Checks and parses text already in memory. `origin` names it in errors.
 pub(crate) fn parse_text(
     text: &str,

@@ -214,6 +214,17 @@ pub fn load_cover(path: &Path, book: &Path) -> Result<narrator_core::Cover, Text
     input::read_cover(path, &path.display().to_string(), book, None).map_err(TextError::one_line)
 }
 
+/// Parses a book held in memory (a producer's request) as a file of `format`: the same
+/// bounds and decoding as [`load_document`]; `origin` names it in errors.
+pub fn parse_bytes(
+    bytes: &[u8],
+    format: InputFormat,
+    opts: &LoadOptions,
+    origin: &str,
+) -> Result<Document, TextError> {
+    input::parse_bytes(bytes, format, opts, Path::new(origin)).map_err(TextError::one_line)
+}
+
 /// Parses an EPUB held in memory (e.g. read from stdin).
 pub fn parse_epub_bytes(bytes: &[u8], opts: &LoadOptions) -> Result<Document, TextError> {
     input::parse_epub(

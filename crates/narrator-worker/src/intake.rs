@@ -25,10 +25,11 @@ use narrator_core::RetryClass;
 use narrator_db::{Created, JobRequestRecord, JobSettings, PgPool, Uuid};
 use narrator_engine::{ScaleOverrides, Voice};
 use narrator_pipeline::book::{
-    Identity, MetaOverrides, ReadBook, ReadOptions, output_format, plan_book, read_book,
+    Identity, MetaOverrides, ReadBook, ReadOptions, output_format, plan_book, read_book_bytes,
     subtitle_formats,
 };
 use narrator_s3::S3AudioStore;
+use narrator_text::InputFormat;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -46,7 +47,8 @@ pub struct IntakeConfig {
     pub voices_dir: PathBuf,
     /// The largest book accepted, in bytes (as `submit --max-input-mb`).
     pub max_input_bytes: u64,
-    /// Requests held at once.
+    /// Requests served at once: this many consumers of the intake, each with channels
+    /// of its own, each handling one request at a time.
     pub prefetch: u16,
     /// Fault injection for tests: the process aborts right after a request's job is
     /// recorded, before its reply and acknowledgement (a worker killed mid-intake).
@@ -239,7 +241,7 @@ fn check(r: &JobRequest) -> Result<(), RequestError> {
     }
     if let Some(source) = &r.source {
         let (_, key) = s3_location(source)?;
-        book_extension(key)?;
+        book_format(key)?;
     }
     if let Some(key) = &r.idempotency_key
         && (key.is_empty() || key.len() > 200)
@@ -278,27 +280,20 @@ fn s3_location(source: &str) -> Result<(&str, &str), RequestError> {
 
 /// How a source's book is read, by its key's extension (`.txt`, `.md`, `.markdown`,
 /// `.epub`).
-fn book_extension(key: &str) -> Result<String, RequestError> {
-    let ext = std::path::Path::new(key)
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .unwrap_or_default();
-    if narrator_text::InputFormat::SUPPORTED_EXTENSIONS.contains(&ext.as_str()) {
-        Ok(ext)
-    } else {
-        Err(RequestError::bad(
+fn book_format(key: &str) -> Result<InputFormat, RequestError> {
+    InputFormat::from_path(std::path::Path::new(key)).ok_or_else(|| {
+        RequestError::bad(
             "source_unreadable",
             format!("{key:?} is not a book this fleet reads; name a .txt, .md or .epub object"),
-        ))
-    }
+        )
+    })
 }
 
-/// A request's book as read: its bytes, the extension that says how to parse them, and
-/// where it came from (the job's source).
+/// A request's book as read: its bytes, how to parse them, and where it came from (the
+/// job's source).
 struct BookBytes {
     bytes: Vec<u8>,
-    ext: String,
+    format: InputFormat,
     source: String,
 }
 
@@ -352,7 +347,7 @@ struct Planned {
 }
 
 /// Reads and plans a request's book for its voice (blocking: the text is parsed and
-/// segmented). The book goes through a file, so every bound `submit` has holds.
+/// segmented), in memory, with every bound a book file of `submit` has.
 fn plan_request(
     r: &JobRequest,
     book: BookBytes,
@@ -375,25 +370,11 @@ fn plan_request(
     });
     let identity = Identity::of(&voice, &scales, speaker.as_deref())
         .map_err(|e| RequestError::bad("invalid_request", format!("{e:#}")))?;
-    let dir = tempfile::Builder::new()
-        .prefix("narrator-intake-")
-        .tempdir()
-        .map_err(|e| infra(format!("creating a folder for the request: {e}")))?;
-    let path = dir.path().join(format!("book.{}", book.ext));
-    std::fs::write(&path, &book.bytes)
-        .map_err(|e| infra(format!("writing the request's book: {e}")))?;
-    let mut lexicons = Vec::new();
-    if let Some(lexicon) = &r.lexicon {
-        let path = dir.path().join("request.lexicon.txt");
-        std::fs::write(&path, lexicon)
-            .map_err(|e| infra(format!("writing the request's lexicon: {e}")))?;
-        lexicons.push(path);
-    }
     let outputs = Outputs::of(r)?;
     let read = ReadOptions {
         max_input_bytes: config.max_input_bytes,
         keep_looks: outputs.overlay.is_some(),
-        lexicons,
+        lexicons: Vec::new(),
         meta: MetaOverrides {
             title: r.title.clone(),
             author: r.author.clone(),
@@ -401,8 +382,15 @@ fn plan_request(
             ..MetaOverrides::default()
         },
     };
-    let ReadBook { doc, lexicon } = read_book(&path, &voice, &read)
-        .map_err(|e| RequestError::bad("unreadable_book", format!("{e:#}")))?;
+    let ReadBook { doc, lexicon } = read_book_bytes(
+        &book.bytes,
+        book.format,
+        &book.source,
+        r.lexicon.as_deref(),
+        &voice,
+        &read,
+    )
+    .map_err(|e| RequestError::bad("unreadable_book", format!("{e:#}")))?;
     let plan = plan_book(&doc, &book.source, "book", &identity, &lexicon)
         .map_err(|e| RequestError::bad("unreadable_book", format!("{e:#}")))?;
     let settings = JobSettings {
@@ -479,18 +467,18 @@ impl Intake {
             if text.len() as u64 > max {
                 return Err(too_large(text.len() as u64, max));
             }
-            let ext = match r.text_format {
-                TextFormat::Md => "md",
-                TextFormat::Txt => "txt",
+            let format = match r.text_format {
+                TextFormat::Md => InputFormat::Markdown,
+                TextFormat::Txt => InputFormat::Text,
             };
             return Ok(BookBytes {
                 bytes: text.into_bytes(),
-                ext: ext.to_string(),
+                format,
                 source: format!("amqp:{INTAKE_QUEUE}/{name}"),
             });
         };
         let (bucket, key) = s3_location(source)?;
-        let ext = book_extension(key)?;
+        let format = book_format(key)?;
         let store = self.store.for_bucket(bucket);
         let unreadable = |e: narrator_s3::S3Error| match e.retry_class() {
             RetryClass::Infrastructure => infra(format!("reading {source}: {e}")),
@@ -518,7 +506,7 @@ impl Intake {
         }
         Ok(BookBytes {
             bytes,
-            ext,
+            format,
             source: source.clone(),
         })
     }
@@ -611,15 +599,17 @@ impl Intake {
         })
     }
 
-    /// Serves `INTAKE_QUEUE` on `channel` until `stop`: each request handled
-    /// ([`Self::handle`]) before the next is taken from its delivery order.
+    /// Serves `INTAKE_QUEUE` on `channel` until `stop`, one request at a time
+    /// ([`Self::handle`]; prefetch 1). A worker runs `prefetch` of these, each
+    /// an [`Intake`] with channels of its own (the requests of one are never published on
+    /// another's channel).
     pub async fn serve(
         &self,
         channel: Channel,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), WorkerError> {
         channel
-            .basic_qos(self.config.prefetch.max(1), BasicQosOptions::default())
+            .basic_qos(1, BasicQosOptions::default())
             .await
             .map_err(|e| narrator_broker::BrokerError::amqp("basic.qos", e))?;
         let mut consumer = channel
@@ -639,7 +629,7 @@ impl Intake {
                 d = consumer.next() => d,
             };
             match delivery {
-                Some(Ok(d)) => self.handle(d, &mut stop).await?,
+                Some(Ok(d)) => self.handle(d, stop.clone()).await?,
                 Some(Err(e)) => {
                     return Err(narrator_broker::BrokerError::amqp("intake delivery", e).into());
                 }
@@ -655,7 +645,7 @@ impl Intake {
     async fn handle(
         &self,
         d: AmqpDelivery,
-        stop: &mut watch::Receiver<bool>,
+        mut stop: watch::Receiver<bool>,
     ) -> Result<(), WorkerError> {
         let message_id = d
             .properties
@@ -749,7 +739,9 @@ impl Intake {
         if let Some(c) = d.properties.correlation_id() {
             props = props.with_correlation_id(c.clone());
         }
-        if let Err(e) = self.publisher.publish_raw("", &to, &body, props).await {
+        // Not mandatory: a reply to a requester gone meanwhile is dropped by the broker,
+        // not returned.
+        if let Err(e) = self.publisher.publish_optional("", &to, &body, props).await {
             tracing::warn!(reply_to = %to, error = %e, "cannot send a reply (the requester may be gone)");
         }
     }

@@ -48,7 +48,7 @@ use narrator_s3::S3AudioStore;
 use narrator_telemetry::serve::Health;
 use tokio::sync::{mpsc, watch};
 
-pub use publish::{dispatch, first_window, publish_segments};
+pub use publish::{dispatch, first_window, fleet_share, publish_segments, window_of};
 pub use submit::{Submission, Submitted, Submitter};
 
 /// One voice on one device, loaded and planned by the caller.
@@ -474,9 +474,10 @@ impl Worker {
         Ok(report)
     }
 
-    /// The producers' intake, served on a channel of its own until the
-    /// worker stops; a consumer that ends otherwise (its channel closed) is started again
-    /// with backoff, and the worker goes on with its segments meanwhile.
+    /// The producers' intake: `config.prefetch` consumers, each an [`intake::Intake`] on
+    /// channels of its own serving one request at a time, until the worker stops; a
+    /// consumer that ends otherwise (its channel closed) is started again with backoff,
+    /// and the worker goes on with its segments meanwhile.
     async fn spawn_intake(
         shared: &EngineShared,
         conn: &lapin::Connection,
@@ -484,24 +485,33 @@ impl Worker {
         services: &mut tokio::task::JoinSet<()>,
     ) -> Result<(), WorkerError> {
         // Declared with the services' (spawn_services).
-        let channel = open_channel(conn).await?;
-        let intake =
-            intake::Intake::new(shared.pool.clone(), conn, shared.store.clone(), config).await?;
-        let stop = shared.stop.clone();
-        services.spawn(async move {
-            // The channel recovers with the connection (a broker restart); the consumer
-            // is registered again after any end that is not the worker's stop.
-            let mut pause = Duration::from_secs(1);
-            loop {
-                match intake.serve(channel.clone(), stop.clone()).await {
-                    Ok(()) if *stop.borrow() => return,
-                    Ok(()) => tracing::warn!("the intake's consumer ended; consuming again"),
-                    Err(e) => tracing::warn!(error = %e, "the intake stopped; consuming again"),
+        for _ in 0..config.prefetch.max(1) {
+            let channel = open_channel(conn).await?;
+            let intake = intake::Intake::new(
+                shared.pool.clone(),
+                conn,
+                shared.store.clone(),
+                config.clone(),
+            )
+            .await?;
+            let stop = shared.stop.clone();
+            services.spawn(async move {
+                // The channel recovers with the connection (a broker restart); the
+                // consumer is registered again after any end that is not the worker's stop.
+                let mut pause = Duration::from_secs(1);
+                loop {
+                    match intake.serve(channel.clone(), stop.clone()).await {
+                        Ok(()) if *stop.borrow() => return,
+                        Ok(()) => tracing::warn!("the intake's consumer ended; consuming again"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the intake stopped; consuming again")
+                        }
+                    }
+                    tokio::time::sleep(jittered(pause)).await;
+                    pause = (pause * 2).min(Duration::from_secs(30));
                 }
-                tokio::time::sleep(jittered(pause)).await;
-                pause = (pause * 2).min(Duration::from_secs(30));
-            }
-        });
+            });
+        }
         Ok(())
     }
 

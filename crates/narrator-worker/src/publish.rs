@@ -62,10 +62,24 @@ pub async fn first_window(
     priority: i32,
     coming: u64,
 ) -> Result<ClaimLimits, narrator_db::DbError> {
+    let share = fleet_share(pool, voice).await?;
+    Ok(window_of(share.as_ref(), priority, coming))
+}
+
+/// The fleet's share of `voice` now (`None`: no worker serves it).
+pub async fn fleet_share(
+    pool: &PgPool,
+    voice: &str,
+) -> Result<Option<FleetShare>, narrator_db::DbError> {
     let voices = [voice.to_string()];
     let shares = narrator_db::fleet_shares(pool, &voices, FLEET_SEEN_WITHIN).await?;
+    Ok(shares.into_iter().next())
+}
+
+/// The first window of a job in `share`, with `coming` more jobs counted as running.
+pub fn window_of(share: Option<&FleetShare>, priority: i32, coming: u64) -> ClaimLimits {
     let floor = narrator_db::MIN_DISPATCH_WINDOW;
-    Ok(shares.first().map_or(ClaimLimits::fill(floor), |s| {
+    share.map_or(ClaimLimits::fill(floor), |s| {
         let s = if narrator_broker::lane_of(priority) > 0 {
             FleetShare {
                 active_high: s.active_high + coming,
@@ -78,7 +92,7 @@ pub async fn first_window(
             }
         };
         ClaimLimits::fill(s.window()).with_high_window(s.high_window())
-    }))
+    })
 }
 
 /// Workers seen this recently count in the fleet a first window is cut for.

@@ -14,7 +14,18 @@ use narrator_core::{JobPlan, TraceContext};
 use narrator_db::{JobSettings, PgPool, Uuid};
 use tracing::{Instrument, Span, info_span};
 
-use crate::{WorkerError, dispatch, first_window};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use narrator_db::FleetShare;
+
+use crate::{WorkerError, dispatch};
+
+/// How long a voice's fleet share, once read, sizes the first windows of the jobs that
+/// follow (each counted in it): a flood of requests reads it once a second, not once per
+/// book, whose count of active jobs grows with the flood.
+const SHARE_FRESH: Duration = Duration::from_secs(1);
 
 /// One book to submit.
 #[derive(Debug, Clone, Copy)]
@@ -41,11 +52,16 @@ pub struct Submitted {
     pub published: Result<usize, WorkerError>,
 }
 
+/// A voice's fleet share as read, when, and how many jobs this submitter made since.
+type ShareRead = (Option<FleetShare>, Instant, u64);
+
 /// Records and enqueues books on one database pool and broker connection.
 pub struct Submitter {
     pool: PgPool,
     publisher: Publisher,
     cluster_id: String,
+    /// Per voice: its fleet share as last read.
+    shares: Mutex<HashMap<String, ShareRead>>,
 }
 
 impl Submitter {
@@ -57,6 +73,7 @@ impl Submitter {
             pool,
             publisher,
             cluster_id,
+            shares: Mutex::new(HashMap::new()),
         })
     }
 
@@ -104,10 +121,40 @@ impl Submitter {
             otel.kind = "producer", messaging.system = "rabbitmq", messaging.operation.type = "publish",
             messaging.destination.name = %queue, messaging.batch.message_count = s.plan.segments.len());
         async {
-            let limits = first_window(&self.pool, voice, s.priority, s.coming).await?;
+            let limits = self.first_window(voice, s.priority, s.coming).await?;
             dispatch(&self.pool, &self.publisher, &self.cluster_id, job, limits).await
         }
         .instrument(publish)
         .await
+    }
+
+    /// A new job's first window ([`crate::window_of`]), from the voice's fleet share
+    /// read at most [`SHARE_FRESH`] ago, with the jobs made since counted as running.
+    async fn first_window(
+        &self,
+        voice: &str,
+        priority: i32,
+        coming: u64,
+    ) -> Result<narrator_db::ClaimLimits, WorkerError> {
+        let cached = {
+            let mut shares = self.shares.lock().unwrap_or_else(|p| p.into_inner());
+            shares
+                .get_mut(voice)
+                .filter(|(_, at, _)| at.elapsed() < SHARE_FRESH)
+                .map(|(share, _, since)| {
+                    *since += 1;
+                    (share.clone(), *since - 1)
+                })
+        };
+        let (share, since) = match cached {
+            Some(c) => c,
+            None => {
+                let share = crate::fleet_share(&self.pool, voice).await?;
+                let mut shares = self.shares.lock().unwrap_or_else(|p| p.into_inner());
+                shares.insert(voice.to_string(), (share.clone(), Instant::now(), 1));
+                (share, 0)
+            }
+        };
+        Ok(crate::window_of(share.as_ref(), priority, coming + since))
     }
 }

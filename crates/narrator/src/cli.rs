@@ -476,7 +476,7 @@ pub(crate) struct WorkerArgs {
     /// worker only synthesizes and assembles. By default every worker serves the intake.
     #[arg(long, env = "NARRATOR_NO_INTAKE")]
     pub(crate) no_intake: bool,
-    /// Requests from `narrator.intake` held at once.
+    /// Requests from `narrator.intake` served at once (each by a consumer of its own).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) intake_prefetch: u16,
     /// Largest book a request may carry, in MiB (as `submit --max-input-mb`).
