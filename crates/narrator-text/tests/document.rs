@@ -1043,3 +1043,37 @@ fn an_epub_read_with_its_looks_keeps_elements_classes_images_and_stylesheets() {
     );
     assert_eq!(all_sentences(&plain), all_sentences(&doc));
 }
+
+/// A book held in memory (a producer's request) reads as the same bytes in a file do,
+/// with the same bounds, and names its origin in errors.
+#[test]
+fn bytes_in_memory_read_as_the_same_file_would() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = "# One\n\nIt was a bright cold day. The clocks were striking.\n";
+    let file = write_file(dir.path(), "book.md", text.as_bytes());
+    let from_file = load_document(&file, &opts()).expect("file");
+    let in_memory = narrator_text::parse_bytes(
+        text.as_bytes(),
+        InputFormat::Markdown,
+        &opts(),
+        "amqp:narrator.intake/k",
+    )
+    .expect("bytes");
+    assert_eq!(all_sentences(&in_memory), all_sentences(&from_file));
+    let epub = narrator_text::parse_bytes(&build_epub(), InputFormat::Epub, &opts(), "s3://b/k")
+        .expect("epub");
+    assert_eq!(
+        all_sentences(&epub),
+        all_sentences(&parse_epub_bytes(&build_epub(), &opts()).expect("epub"))
+    );
+    let small = LoadOptions {
+        max_bytes: 10,
+        ..LoadOptions::default()
+    };
+    let big = narrator_text::parse_bytes(text.as_bytes(), InputFormat::Text, &small, "req")
+        .expect_err("too large");
+    assert_eq!(big.kind(), "too_large");
+    let empty = narrator_text::parse_bytes(b"", InputFormat::Text, &opts(), "the request")
+        .expect_err("empty");
+    assert!(empty.to_string().contains("the request"), "{empty}");
+}
