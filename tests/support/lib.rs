@@ -1529,3 +1529,67 @@ impl Drop for PrivateS3 {
         self.down();
     }
 }
+
+/// A `narrator serve` process on a free loopback port (real voice, CPU), killed when
+/// dropped; its stderr kept for failure messages.
+pub struct Served {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    log: std::sync::Arc<Mutex<String>>,
+}
+
+impl Served {
+    /// Starts `narrator serve --listen 127.0.0.1:0 ARGS` and waits (up to 180 s) for the
+    /// address it prints.
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = use_test_data(&mut Command::new(narrator_bin()))
+            .env("NARRATOR_ORT_BUILD", "cpu")
+            .env_remove("NARRATOR_VOICE")
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn narrator serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = std::sync::Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(url) = line.split("listening on ").nth(1) {
+                    let _ = tx.send(url.trim().to_string());
+                }
+                let mut log = kept.lock().unwrap_or_else(|p| p.into_inner());
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(180))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!(
+                    "narrator serve printed no address: {}",
+                    log.lock().unwrap_or_else(|p| p.into_inner())
+                )
+            });
+        Served { child, url, log }
+    }
+
+    /// What it wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -233,6 +233,10 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Speak a short text file (or - for stdin) into one audio file.
     Synth(SynthArgs),
+    /// Serve narrator over HTTP: an OpenAI-compatible `POST /v1/audio/speech` (its
+    /// `base_url` is http://HOST:PORT/v1), `GET /v1/models`, `GET /v1/voices`, `/healthz`
+    /// (docs/SERVE.md). Loads the voice's engine once and speaks every request with it.
+    Serve(ServeArgs),
     /// List installed voices.
     Voices(VoicesArgs),
     /// Enqueue books for the workers: records each job and its segments in Postgres and
@@ -622,6 +626,21 @@ pub(crate) struct SynthArgs {
     /// Output file; its extension picks the format (.wav, .opus, .mp3, .m4b).
     #[arg(long, short)]
     pub(crate) output: PathBuf,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
+    #[command(flatten)]
+    pub(crate) text: TextArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on, `HOST:PORT` (`127.0.0.1:0` picks a free port; the address is
+    /// printed). Only loopback for now: the server has no tokens yet.
+    #[arg(long, env = "NARRATOR_SERVE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub(crate) listen: String,
+    /// Longest `input` of one speech request, in characters (413 beyond).
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) max_input_chars: usize,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
     #[command(flatten)]

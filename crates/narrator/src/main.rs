@@ -13,6 +13,8 @@ mod hardware;
 mod paths;
 mod progress;
 mod run;
+#[cfg(feature = "serve")]
+mod serve;
 mod voices;
 
 use clap::Parser;
@@ -138,6 +140,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(a) => run::run(&paths()?, a).await,
         Command::Synth(a) => run::synth(&paths()?, a).await,
+        #[cfg(feature = "serve")]
+        Command::Serve(a) => serve::serve(&paths()?, a, shutdown_signal()).await,
+        #[cfg(not(feature = "serve"))]
+        Command::Serve(_) => Err(anyhow::anyhow!(
+            "this narrator was built without `narrator serve`; build it with its default features"
+        )),
         Command::Voices(a) => voices(&paths()?, a),
         #[cfg(feature = "fleet")]
         Command::Submit(a) if a.via_broker => cluster::via_broker::submit(a).await,

@@ -1,0 +1,48 @@
+//! Errors as OpenAI's API shapes them: a status and
+//! `{"error": {"message": "…", "type": "…", "code": "…", "param": null}}`, the message one
+//! line that says what was wrong and what to do.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// A request the server refuses, or a failure of its own.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// A stable word for clients.
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    /// 400: the request as such is wrong.
+    pub fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        Self::with(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// Any status.
+    pub fn with(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into().replace('\n', " "),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = if self.status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        let body = json!({"error": {
+            "message": self.message, "type": kind, "code": self.code, "param": null,
+        }});
+        (self.status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,121 @@
+//! `narrator serve` (docs/SERVE.md): narrator over HTTP. This first part is the
+//! OpenAI-compatible speech endpoint, embedded: the server loads one voice's engine and
+//! speaks `POST /v1/audio/speech` requests with it, streaming WAV and PCM sentence by
+//! sentence as they are synthesized (the first bytes come before the whole text is
+//! spoken); MP3 and Opus are sent once encoded. `GET /v1/models`, `GET /v1/voices` and
+//! `/healthz` beside it. The jobs API, the fleet gateway, tokens and the web page are
+//! still to come (issue 45).
+//!
+//! The binary parses the flags and loads the engine ([`narrator_pipeline::load`]); this
+//! crate owns the routes ([`router`]) and the speech path ([`speech`]).
+
+pub mod error;
+pub mod speech;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::{get, post};
+use axum::{Json, response::IntoResponse};
+use narrator_engine::Voice;
+use narrator_pipeline::synth::Synthesizer;
+use serde_json::json;
+
+pub use error::ApiError;
+
+/// OpenAI's voice names: each is spoken by the server's voice unless the configuration
+/// maps it elsewhere (only one voice is loaded for now).
+pub const OPENAI_VOICES: [&str; 11] = [
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+];
+
+/// The model names `POST /v1/audio/speech` accepts: OpenAI's, and `narrator`.
+pub const MODELS: [&str; 4] = ["narrator", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
+
+/// The largest request body accepted (413 beyond).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// What the server runs with.
+pub struct ServeConfig {
+    /// `HOST:PORT` to listen on (`:0` picks a free port, printed).
+    pub listen: String,
+    /// The voice it speaks with, and its loaded engine.
+    pub voice: Voice,
+    pub synth: Arc<Synthesizer>,
+    /// The longest `input` accepted, in characters (413 beyond).
+    pub max_input_chars: usize,
+    /// Silences between sentences and paragraphs.
+    pub pauses: narrator_audio::Pauses,
+}
+
+/// The routes' shared state.
+pub struct AppState {
+    pub voice: Voice,
+    pub synth: Arc<Synthesizer>,
+    pub max_input_chars: usize,
+    pub pauses: narrator_audio::Pauses,
+}
+
+/// The server's routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/v1/models", get(models))
+        .route("/v1/voices", get(voices))
+        .route("/v1/audio/speech", post(speech::speak))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves. Prints `narrator serve: listening on http://ADDR`
+/// to stderr once bound.
+pub async fn run(
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen on {}: {e}; choose another --listen address (HOST:PORT)",
+                config.listen
+            )
+        })?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        voice: config.voice,
+        synth: config.synth,
+        max_input_chars: config.max_input_chars,
+        pauses: config.pauses,
+    });
+    eprintln!("narrator serve: listening on http://{addr}");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+/// `GET /v1/models`, as OpenAI lists them.
+async fn models() -> impl IntoResponse {
+    let data: Vec<_> = MODELS
+        .iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "narrator"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/voices`: the voice this server speaks with, and the OpenAI names it answers to.
+async fn voices(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let info = state.voice.info();
+    Json(json!({"voices": [{
+        "name": state.voice.name,
+        "family": info.family,
+        "language": info.language,
+        "gender": info.gender,
+        "quality": info.quality,
+        "sample_rate": info.sample_rate,
+        "openai_names": OPENAI_VOICES,
+    }]}))
+}

@@ -1,0 +1,418 @@
+//! `POST /v1/audio/speech`, as OpenAI's API takes it (`model`, `input`, `voice`,
+//! `response_format`, `speed`): the input read and planned as `narrator synth` reads a
+//! text ([`narrator_pipeline::book`]), then spoken sentence by sentence on the server's
+//! engine. WAV (its sizes unknown: 0xFFFFFFFF, as OpenAI streams it) and PCM (16-bit
+//! little-endian mono at the voice's rate, in `X-Sample-Rate`) are sent as each sentence
+//! finishes; MP3 and Opus once the whole is encoded. A failure after the first bytes
+//! aborts the body (the client sees a broken transfer, never a short file as complete);
+//! a client that goes away stops the synthesis.
+
+use std::io::{Cursor, Seek, SeekFrom, Write};
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use narrator_audio::{AudioFormat, AudioSink, EncoderSpec, PauseKind};
+use narrator_core::{PauseAfter, Segment};
+use narrator_engine::ScaleOverrides;
+use narrator_pipeline::book::{Identity, load_options, plan_book};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use crate::{ApiError, AppState, MODELS, OPENAI_VOICES};
+
+/// The body of `POST /v1/audio/speech`. Fields OpenAI added that narrator does not use
+/// (`instructions`) are accepted and ignored.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SpeechRequest {
+    pub model: String,
+    pub input: String,
+    pub voice: String,
+    pub response_format: Option<String>,
+    pub speed: Option<f32>,
+    pub instructions: Option<String>,
+    pub stream_format: Option<String>,
+}
+
+/// What the audio is sent as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Wav,
+    Pcm,
+    Mp3,
+    Opus,
+}
+
+impl Format {
+    /// `response_format` (OpenAI's default: mp3).
+    pub fn parse(name: Option<&str>) -> Result<Self, ApiError> {
+        match name.unwrap_or("mp3") {
+            "wav" => Ok(Format::Wav),
+            "pcm" => Ok(Format::Pcm),
+            "mp3" => Ok(Format::Mp3),
+            "opus" => Ok(Format::Opus),
+            other => Err(ApiError::bad(
+                "unsupported_response_format",
+                format!(
+                    "response_format {other:?} is not one this server makes yet; choose wav, pcm, mp3 or opus"
+                ),
+            )),
+        }
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            Format::Wav => "audio/wav",
+            Format::Pcm => "audio/pcm",
+            Format::Mp3 => "audio/mpeg",
+            Format::Opus => "audio/ogg; codecs=opus",
+        }
+    }
+
+    /// Sent as each sentence finishes.
+    fn streamed(self) -> bool {
+        matches!(self, Format::Wav | Format::Pcm)
+    }
+}
+
+/// Checks a request against what this server speaks; its format.
+pub fn check(state: &AppState, r: &SpeechRequest) -> Result<Format, ApiError> {
+    if !MODELS.contains(&r.model.as_str()) {
+        return Err(ApiError::bad(
+            "unknown_model",
+            format!(
+                "model {:?} is not one of {}; see GET /v1/models",
+                r.model,
+                MODELS.join(", ")
+            ),
+        ));
+    }
+    if r.voice != state.voice.name && !OPENAI_VOICES.contains(&r.voice.as_str()) {
+        return Err(ApiError::bad(
+            "unknown_voice",
+            format!(
+                "voice {:?} is not served here; use {:?} or one of OpenAI's names ({}), see GET /v1/voices",
+                r.voice,
+                state.voice.name,
+                OPENAI_VOICES.join(", ")
+            ),
+        ));
+    }
+    if r.input.trim().is_empty() {
+        return Err(ApiError::bad(
+            "empty_input",
+            "input is empty; send the text to speak",
+        ));
+    }
+    let chars = r.input.chars().count();
+    if chars > state.max_input_chars {
+        return Err(ApiError::with(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "input_too_long",
+            format!(
+                "input is {chars} characters, over the {} this server speaks in one request; split it, or submit it as a job",
+                state.max_input_chars
+            ),
+        ));
+    }
+    if let Some(speed) = r.speed
+        && !(0.5..=2.0).contains(&speed)
+    {
+        return Err(ApiError::bad(
+            "invalid_speed",
+            format!("speed {speed} is outside what narrator's voices do (0.5 to 2.0)"),
+        ));
+    }
+    if r.stream_format.as_deref().is_some_and(|f| f != "audio") {
+        return Err(ApiError::bad(
+            "unsupported_stream_format",
+            "stream_format must be \"audio\" (server-sent events are not made here)",
+        ));
+    }
+    Format::parse(r.response_format.as_deref())
+}
+
+/// The input as segments, each at the request's speed.
+pub fn plan(state: &AppState, r: &SpeechRequest) -> Result<Vec<Segment>, ApiError> {
+    let unprocessable =
+        |e: String| ApiError::with(StatusCode::UNPROCESSABLE_ENTITY, "unreadable_input", e);
+    let load = load_options(&state.voice, r.input.len() as u64, false);
+    let doc = narrator_text::parse_document(&r.input, narrator_text::InputFormat::Text, &load)
+        .map_err(|e| unprocessable(e.to_string()))?;
+    let identity = Identity::of(&state.voice, &ScaleOverrides::default(), None).map_err(|e| {
+        ApiError::with(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("{e:#}"),
+        )
+    })?;
+    let plan = plan_book(
+        &doc,
+        "input",
+        "speech",
+        &identity,
+        &narrator_text::Lexicon::default(),
+    )
+    .map_err(|e| unprocessable(format!("{e:#}")))?;
+    Ok(plan
+        .segments
+        .into_iter()
+        .map(|mut s| {
+            s.speed = r.speed;
+            s
+        })
+        .collect())
+}
+
+/// `POST /v1/audio/speech`.
+pub async fn speak(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<SpeechRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(request) = body.map_err(|e| {
+        let status = e.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "body_too_large"
+        } else {
+            "invalid_request"
+        };
+        ApiError::with(
+            status,
+            code,
+            format!(
+                "{}; send a JSON body as OpenAI's /v1/audio/speech takes it",
+                e.body_text()
+            ),
+        )
+    })?;
+    let format = check(&state, &request)?;
+    let segments = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || plan(&state, &request))
+            .await
+            .map_err(|e| {
+                ApiError::with(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            })??
+    };
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let rate = state.synth.sample_rate();
+    tokio::spawn(produce(state, segments, format, tx));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(format.content_type()),
+    );
+    headers.insert("x-sample-rate", HeaderValue::from(rate));
+    Ok(response)
+}
+
+/// Synthesizes the segments one after the other and sends their audio down `tx`.
+async fn produce(
+    state: Arc<AppState>,
+    segments: Vec<Segment>,
+    format: Format,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) {
+    let rate = state.synth.sample_rate();
+    let mut encoder = match Encoded::new(format, rate) {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = tx.send(Err(std::io::Error::other(e))).await;
+            return;
+        }
+    };
+    let last = segments.len().saturating_sub(1);
+    for (n, segment) in segments.into_iter().enumerate() {
+        let pause = if n == last {
+            0
+        } else {
+            state.pauses.samples(pause_kind(segment.pause_after), rate)
+        };
+        let samples = match speak_one(&state, segment).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "speech failed mid-request; the response is cut");
+                let _ = tx.send(Err(std::io::Error::other(e))).await;
+                return;
+            }
+        };
+        if let Some(bytes) = encoder.push(&samples, pause, n == 0)
+            && tx.send(Ok(bytes)).await.is_err()
+        {
+            return; // The client went away.
+        }
+    }
+    match encoder.finish() {
+        Ok(Some(bytes)) => {
+            let _ = tx.send(Ok(bytes)).await;
+        }
+        Ok(None) => {}
+        Err(e) => {
+            let _ = tx.send(Err(std::io::Error::other(e))).await;
+        }
+    }
+}
+
+/// One segment's samples.
+async fn speak_one(state: &AppState, segment: Segment) -> Result<Vec<i16>, String> {
+    let synth = state.synth.clone();
+    let prepared = tokio::task::spawn_blocking(move || synth.prepare(segment))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let mut out = state
+        .synth
+        .synthesize(vec![prepared])
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(out.pop().map(|s| s.audio.samples).unwrap_or_default())
+}
+
+fn pause_kind(p: PauseAfter) -> PauseKind {
+    match p {
+        PauseAfter::Sentence => PauseKind::Sentence,
+        PauseAfter::Paragraph => PauseKind::Paragraph,
+        PauseAfter::Chapter => PauseKind::Chapter,
+        PauseAfter::None => PauseKind::None,
+    }
+}
+
+/// How samples become the response's bytes.
+enum Encoded {
+    /// WAV or PCM: bytes as they come.
+    Raw { wav: bool, rate: u32 },
+    /// MP3 or Opus: encoded into memory, sent at the end.
+    Whole {
+        sink: Box<dyn AudioSink + Send>,
+        buffer: SharedBuffer,
+    },
+}
+
+impl Encoded {
+    fn new(format: Format, rate: u32) -> Result<Self, String> {
+        if format.streamed() {
+            return Ok(Encoded::Raw {
+                wav: format == Format::Wav,
+                rate,
+            });
+        }
+        let audio = match format {
+            Format::Mp3 => AudioFormat::Mp3,
+            _ => AudioFormat::Opus,
+        };
+        let buffer = SharedBuffer::default();
+        let sink = narrator_audio::create_encoder(&EncoderSpec::new(audio, rate), buffer.clone())
+            .map_err(|e| e.to_string())?;
+        Ok(Encoded::Whole { sink, buffer })
+    }
+
+    /// Bytes to send now, if any.
+    fn push(&mut self, samples: &[i16], pause: usize, first: bool) -> Option<Bytes> {
+        match self {
+            Encoded::Raw { wav, rate } => {
+                let mut bytes = Vec::with_capacity(44 + 2 * (samples.len() + pause));
+                if *wav && first {
+                    bytes.extend_from_slice(&streaming_wav_header(*rate));
+                }
+                for s in samples {
+                    bytes.extend_from_slice(&s.to_le_bytes());
+                }
+                bytes.resize(bytes.len() + 2 * pause, 0);
+                Some(Bytes::from(bytes))
+            }
+            Encoded::Whole { sink, .. } => {
+                // An encoder error surfaces at finish (the sink keeps it).
+                let _ = sink.write(samples).and_then(|()| sink.write_silence(pause));
+                None
+            }
+        }
+    }
+
+    fn finish(self) -> Result<Option<Bytes>, String> {
+        match self {
+            Encoded::Raw { .. } => Ok(None),
+            Encoded::Whole { sink, buffer } => {
+                sink.finish().map_err(|e| e.to_string())?;
+                Ok(Some(Bytes::from(buffer.take())))
+            }
+        }
+    }
+}
+
+/// A 44-byte WAV header for 16-bit mono at `rate` whose sizes are unknown (0xFFFFFFFF):
+/// how a WAV is streamed before its length is known.
+pub fn streaming_wav_header(rate: u32) -> [u8; 44] {
+    let mut h = [0u8; 44];
+    h[0..4].copy_from_slice(b"RIFF");
+    h[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    h[8..12].copy_from_slice(b"WAVE");
+    h[12..16].copy_from_slice(b"fmt ");
+    h[16..20].copy_from_slice(&16u32.to_le_bytes());
+    h[20..22].copy_from_slice(&1u16.to_le_bytes()); // PCM
+    h[22..24].copy_from_slice(&1u16.to_le_bytes()); // mono
+    h[24..28].copy_from_slice(&rate.to_le_bytes());
+    h[28..32].copy_from_slice(&(rate * 2).to_le_bytes());
+    h[32..34].copy_from_slice(&2u16.to_le_bytes());
+    h[34..36].copy_from_slice(&16u16.to_le_bytes());
+    h[36..40].copy_from_slice(b"data");
+    h[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+    h
+}
+
+/// An in-memory file the encoders write into (they seek back to fix their headers) that
+/// the server takes the bytes from once they finish.
+#[derive(Clone, Default)]
+struct SharedBuffer(Arc<Mutex<Cursor<Vec<u8>>>>);
+
+impl SharedBuffer {
+    fn take(&self) -> Vec<u8> {
+        let mut c = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(c.get_mut())
+    }
+}
+
+impl Write for SharedBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Seek for SharedBuffer {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).seek(pos)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_are_openai_s_names() {
+        assert_eq!(Format::parse(None), Ok(Format::Mp3));
+        assert_eq!(Format::parse(Some("wav")), Ok(Format::Wav));
+        let e = Format::parse(Some("flac")).expect_err("not yet");
+        assert_eq!(e.code, "unsupported_response_format");
+        assert!(e.message.contains("wav, pcm, mp3 or opus"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_streaming_header_says_16_bit_mono_of_unknown_length() {
+        let h = streaming_wav_header(22050);
+        assert_eq!(&h[0..4], b"RIFF");
+        assert_eq!(u32::from_le_bytes([h[24], h[25], h[26], h[27]]), 22050);
+        assert_eq!(u32::from_le_bytes([h[40], h[41], h[42], h[43]]), u32::MAX);
+        assert_eq!(u16::from_le_bytes([h[34], h[35]]), 16);
+    }
+}
