@@ -297,7 +297,9 @@ rm -rf "$DEPS"/.tmp-* 2>/dev/null || true
 # ---- 4. optional reference Piper -----------------------------------------------------------
 VENV="$DEPS/piper-venv"
 VENV_STAMP="$VENV/.narrator-ok"
-VENV_TEXT="piper-tts=$PIPER_VERSION onnxruntime=$ORT_VERSION"
+# Flask for Piper's own HTTP server (`python -m piper.http_server`, ops/bench/serve.sh).
+FLASK_VERSION=3.1.3
+VENV_TEXT="piper-tts=$PIPER_VERSION onnxruntime=$ORT_VERSION flask=$FLASK_VERSION"
 if ((WITH_PIPER)); then
     if [[ -f "$VENV_STAMP" && "$(cat "$VENV_STAMP")" == "$VENV_TEXT" && -x "$VENV/bin/piper" ]]; then
         step "piper venv: present ($VENV_TEXT)"
@@ -308,6 +310,7 @@ if ((WITH_PIPER)); then
         python3 -m venv "$VENV"
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
             --find-links "$WHEELS" "piper-tts==$PIPER_VERSION" "onnxruntime==$ORT_VERSION" \
+            "flask==$FLASK_VERSION" \
             || die "pip install into $VENV failed (is PyPI reachable for numpy, protobuf, ...?)"
         "$VENV/bin/piper" --help >/dev/null || die "$VENV/bin/piper does not run"
         echo "$VENV_TEXT" >"$VENV_STAMP"

@@ -48,6 +48,9 @@ pub struct ServeConfig {
     pub max_input_chars: usize,
     /// Silences between sentences and paragraphs.
     pub pauses: narrator_audio::Pauses,
+    /// Sentences of one request synthesized at once (the batches the engine keeps in
+    /// flight, [`narrator_pipeline::load::Loaded::in_flight`]).
+    pub parallel: usize,
 }
 
 /// The routes' shared state.
@@ -56,6 +59,9 @@ pub struct AppState {
     pub synth: Arc<Synthesizer>,
     pub max_input_chars: usize,
     pub pauses: narrator_audio::Pauses,
+    pub parallel: usize,
+    /// Speech requests being spoken now.
+    pub active: std::sync::atomic::AtomicUsize,
 }
 
 /// The server's routes.
@@ -89,6 +95,8 @@ pub async fn run(
         synth: config.synth,
         max_input_chars: config.max_input_chars,
         pauses: config.pauses,
+        parallel: config.parallel,
+        active: std::sync::atomic::AtomicUsize::new(0),
     });
     eprintln!("narrator serve: listening on http://{addr}");
     axum::serve(listener, router(state))

@@ -16,11 +16,14 @@ use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
 use narrator_audio::{AudioFormat, AudioSink, EncoderSpec, PauseKind};
 use narrator_core::{PauseAfter, Segment};
 use narrator_engine::ScaleOverrides;
 use narrator_pipeline::book::{Identity, load_options, plan_book};
 use serde::Deserialize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 
 use crate::{ApiError, AppState, MODELS, OPENAI_VOICES};
@@ -230,13 +233,38 @@ async fn produce(
         }
     };
     let last = segments.len().saturating_sub(1);
-    for (n, segment) in segments.into_iter().enumerate() {
-        let pause = if n == last {
-            0
-        } else {
-            state.pauses.samples(pause_kind(segment.pause_after), rate)
+    let pauses: Vec<usize> = segments
+        .iter()
+        .enumerate()
+        .map(|(n, s)| match n == last {
+            true => 0,
+            false => state.pauses.samples(pause_kind(s.pause_after), rate),
+        })
+        .collect();
+    // Alone on the server, a request has its next sentences synthesized while the first
+    // is sent (as many at once as the engine runs batches); beside others, one at a time,
+    // so that every request's first sentence waits behind one sentence of each other's,
+    // not behind their lookahead. Sent in order.
+    let _active = Active::enter(&state.active);
+    let mut queue = segments.into_iter();
+    let mut in_hand = FuturesOrdered::new();
+    let mut n = 0;
+    loop {
+        let room = match state.active.load(Ordering::Relaxed) {
+            0 | 1 => state.parallel.max(1),
+            _ => 1,
         };
-        let samples = match speak_one(&state, segment).await {
+        while in_hand.len() < room {
+            match queue.next() {
+                Some(segment) => in_hand.push_back(speak_one(&state, segment)),
+                None => break,
+            }
+        }
+        let Some(result) = in_hand.next().await else {
+            break;
+        };
+        let pause = pauses[n];
+        let samples = match result {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "speech failed mid-request; the response is cut");
@@ -244,13 +272,23 @@ async fn produce(
                 return;
             }
         };
-        if let Some(bytes) = encoder.push(&samples, pause, n == 0)
-            && tx.send(Ok(bytes)).await.is_err()
-        {
-            return; // The client went away.
+        // MP3 and Opus encode here: CPU work, kept off the other tasks' threads.
+        match tokio::task::block_in_place(|| encoder.push(&samples, pause, n == 0)) {
+            Ok(Some(bytes)) => {
+                if tx.send(Ok(bytes)).await.is_err() {
+                    return; // The client went away.
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "encoding failed mid-request; the response is cut");
+                let _ = tx.send(Err(std::io::Error::other(e))).await;
+                return;
+            }
         }
+        n += 1;
     }
-    match encoder.finish() {
+    match tokio::task::block_in_place(|| encoder.finish()) {
         Ok(Some(bytes)) => {
             let _ = tx.send(Ok(bytes)).await;
         }
@@ -274,6 +312,22 @@ async fn speak_one(state: &AppState, segment: Segment) -> Result<Vec<i16>, Strin
         .await
         .map_err(|e| e.to_string())?;
     Ok(out.pop().map(|s| s.audio.samples).unwrap_or_default())
+}
+
+/// Counts a request as speaking while it lives.
+struct Active<'a>(&'a AtomicUsize);
+
+impl<'a> Active<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Active(count)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 fn pause_kind(p: PauseAfter) -> PauseKind {
@@ -315,7 +369,12 @@ impl Encoded {
     }
 
     /// Bytes to send now, if any.
-    fn push(&mut self, samples: &[i16], pause: usize, first: bool) -> Option<Bytes> {
+    fn push(
+        &mut self,
+        samples: &[i16],
+        pause: usize,
+        first: bool,
+    ) -> Result<Option<Bytes>, String> {
         match self {
             Encoded::Raw { wav, rate } => {
                 let mut bytes = Vec::with_capacity(44 + 2 * (samples.len() + pause));
@@ -326,12 +385,13 @@ impl Encoded {
                     bytes.extend_from_slice(&s.to_le_bytes());
                 }
                 bytes.resize(bytes.len() + 2 * pause, 0);
-                Some(Bytes::from(bytes))
+                Ok(Some(Bytes::from(bytes)))
             }
             Encoded::Whole { sink, .. } => {
-                // An encoder error surfaces at finish (the sink keeps it).
-                let _ = sink.write(samples).and_then(|()| sink.write_silence(pause));
-                None
+                sink.write(samples)
+                    .and_then(|()| sink.write_silence(pause))
+                    .map_err(|e| e.to_string())?;
+                Ok(None)
             }
         }
     }

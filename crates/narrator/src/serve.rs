@@ -46,6 +46,7 @@ pub(crate) async fn serve(
         ServeConfig {
             listen: args.listen,
             voice,
+            parallel: loaded.in_flight,
             synth: Arc::new(loaded.synth),
             max_input_chars: args.max_input_chars,
             pauses: args.text.pauses(),
