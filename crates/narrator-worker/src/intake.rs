@@ -1,6 +1,7 @@
 //! The producers' way in (docs/PRODUCERS.md): a book requested with one message on
 //! `narrator.intake`, in any language's AMQP client. Every worker that takes intake
-//! consumes it a few messages at a time; for each request it reads and plans the book
+//! consumes it with `--intake-prefetch` consumers, each on channels of its own and one
+//! request at a time ([`Intake::serve`]); for each request it reads and plans the book
 //! through the same library path as `narrator submit` ([`narrator_pipeline::book`]),
 //! records the job ([`narrator_db::create_requested_job`]: the request's key makes one
 //! job however often it is delivered), publishes its first window, answers the request's
