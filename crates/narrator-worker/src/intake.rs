@@ -296,6 +296,8 @@ struct BookBytes {
     bytes: Vec<u8>,
     format: InputFormat,
     source: String,
+    /// The title when the book has none (as `submit` takes the file's name).
+    fallback_title: String,
 }
 
 /// A request's outputs, as `submit --format/--chapter-files/--subtitles/--epub-overlay`
@@ -392,8 +394,14 @@ fn plan_request(
         &read,
     )
     .map_err(|e| RequestError::bad("unreadable_book", format!("{e:#}")))?;
-    let plan = plan_book(&doc, &book.source, "book", &identity, &lexicon)
-        .map_err(|e| RequestError::bad("unreadable_book", format!("{e:#}")))?;
+    let plan = plan_book(
+        &doc,
+        &book.source,
+        &book.fallback_title,
+        &identity,
+        &lexicon,
+    )
+    .map_err(|e| RequestError::bad("unreadable_book", format!("{e:#}")))?;
     let settings = JobSettings {
         sentence_pause_ms: 250,
         paragraph_pause_ms: 600,
@@ -461,10 +469,11 @@ impl Intake {
     /// The request's book: its text, or the object its `source` names (at most
     /// `max_input_bytes`). An object that is missing or refused is the request's fault;
     /// the store being away is an outage (tried again).
-    async fn book_of(&self, r: &JobRequest, name: &str) -> Result<BookBytes, RequestError> {
+    /// The text is taken out of `r` (not copied: it may be megabytes).
+    async fn book_of(&self, r: &mut JobRequest, name: &str) -> Result<BookBytes, RequestError> {
         let max = self.config.max_input_bytes;
         let Some(source) = &r.source else {
-            let text = r.text.clone().unwrap_or_default();
+            let text = r.text.take().unwrap_or_default();
             if text.len() as u64 > max {
                 return Err(too_large(text.len() as u64, max));
             }
@@ -476,6 +485,7 @@ impl Intake {
                 bytes: text.into_bytes(),
                 format,
                 source: format!("amqp:{INTAKE_QUEUE}/{name}"),
+                fallback_title: "book".to_string(),
             });
         };
         let (bucket, key) = s3_location(source)?;
@@ -509,6 +519,7 @@ impl Intake {
             bytes,
             format,
             source: source.clone(),
+            fallback_title: narrator_pipeline::book::file_stem(std::path::Path::new(key)),
         })
     }
 
@@ -518,7 +529,7 @@ impl Intake {
         body: &[u8],
         message_id: Option<&str>,
     ) -> Result<Reply, RequestError> {
-        let request = parse_request(body)?;
+        let mut request = parse_request(body)?;
         let key = request
             .idempotency_key
             .clone()
@@ -531,7 +542,7 @@ impl Intake {
             return self.accepted(job, true, key).await;
         }
         let name = key.clone().unwrap_or_else(|| Uuid::new_v4().to_string());
-        let book = self.book_of(&request, &name).await?;
+        let book = self.book_of(&mut request, &name).await?;
         let config = self.config.clone();
         let planned = {
             let request = request.clone();
