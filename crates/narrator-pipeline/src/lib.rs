@@ -14,6 +14,7 @@ pub mod batcher;
 pub mod bench;
 pub mod book;
 pub mod calibrate;
+pub mod embedded;
 pub mod epub3;
 mod flush;
 pub mod load;

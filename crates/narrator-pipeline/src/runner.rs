@@ -48,6 +48,9 @@ pub enum Event {
     },
     /// Something the user should know (e.g. unknown phonemes skipped).
     Warning(String),
+    /// Every segment is made: the output files are being written
+    /// ([`crate::embedded::make_book`] says so; the runner does not).
+    Assembling,
 }
 
 /// How the runner batches.

@@ -29,6 +29,7 @@ use narrator_pipeline::book::{
     Identity, MetaOverrides, ReadBook, ReadOptions, output_format, plan_book, read_book_bytes,
     subtitle_formats,
 };
+use narrator_pipeline::embedded::BookOutputs;
 use narrator_s3::S3AudioStore;
 use narrator_text::InputFormat;
 use serde::{Deserialize, Serialize};
@@ -292,72 +293,62 @@ fn book_format(key: &str) -> Result<InputFormat, RequestError> {
 
 /// A request's book as read: its bytes, how to parse them, and where it came from (the
 /// job's source).
-struct BookBytes {
-    bytes: Vec<u8>,
-    format: InputFormat,
-    source: String,
+pub struct BookBytes {
+    pub bytes: Vec<u8>,
+    pub format: InputFormat,
+    pub source: String,
     /// The title when the book has none (as `submit` takes the file's name).
-    fallback_title: String,
+    pub fallback_title: String,
 }
 
 /// A request's outputs, as `submit --format/--chapter-files/--subtitles/--epub-overlay`
 /// reads them.
-struct Outputs {
-    /// The audio format's extension.
-    format: String,
-    chapter_files: bool,
-    subtitles: Vec<String>,
-    /// A read-along EPUB 3, with overlays this fine.
-    overlay: Option<narrator_pipeline::epub3::Overlay>,
-}
-
-impl Outputs {
-    fn of(r: &JobRequest) -> Result<Self, RequestError> {
-        let bad = |e: anyhow::Error| RequestError::bad("invalid_request", format!("{e:#}"));
-        let (format, chapter_files, epub3) =
-            output_format(r.format.as_deref().unwrap_or("opus"), r.chapter_files).map_err(bad)?;
-        let subtitles = subtitle_formats(&r.subtitles).map_err(bad)?;
-        let overlay = match epub3 {
-            true => Some(
-                r.epub_overlay
-                    .as_deref()
-                    .unwrap_or("sentence")
-                    .parse()
-                    .map_err(|e: narrator_pipeline::epub3::UnknownOverlay| {
-                        RequestError::bad("invalid_request", e.to_string())
-                    })?,
-            ),
-            false => None,
-        };
-        Ok(Self {
-            format: format.extension().to_string(),
-            chapter_files,
-            subtitles: subtitles
-                .iter()
-                .map(|f| f.extension().to_string())
-                .collect(),
-            overlay,
-        })
-    }
+pub fn request_outputs(r: &JobRequest) -> Result<BookOutputs, RequestError> {
+    let bad = |e: anyhow::Error| RequestError::bad("invalid_request", format!("{e:#}"));
+    let (format, chapter_files, epub3) =
+        output_format(r.format.as_deref().unwrap_or("opus"), r.chapter_files).map_err(bad)?;
+    let subtitles = subtitle_formats(&r.subtitles).map_err(bad)?;
+    let overlay = match epub3 {
+        true => Some(
+            r.epub_overlay
+                .as_deref()
+                .unwrap_or("sentence")
+                .parse()
+                .map_err(|e: narrator_pipeline::epub3::UnknownOverlay| {
+                    RequestError::bad("invalid_request", e.to_string())
+                })?,
+        ),
+        false => None,
+    };
+    Ok(BookOutputs {
+        format,
+        chapter_files,
+        subtitles,
+        epub3: overlay,
+    })
 }
 
 /// A request read and planned: what is recorded.
-struct Planned {
-    plan: narrator_core::JobPlan,
-    settings: JobSettings,
-    format: String,
-    priority: i32,
+pub struct Planned {
+    pub plan: narrator_core::JobPlan,
+    pub settings: JobSettings,
+    pub outputs: BookOutputs,
+    /// The audio format's extension.
+    pub format: String,
+    pub priority: i32,
 }
 
 /// Reads and plans a request's book for its voice (blocking: the text is parsed and
-/// segmented), in memory, with every bound a book file of `submit` has.
-fn plan_request(
+/// segmented), in memory, with every bound a book file of `submit` has: the voice is
+/// looked up in `voices_dir`, the book refused over `max_input_bytes`.
+pub fn plan_request(
     r: &JobRequest,
     book: BookBytes,
-    config: &IntakeConfig,
+    voices_dir: &std::path::Path,
+    max_input_bytes: u64,
 ) -> Result<Planned, RequestError> {
     let voice_name = r.voice.as_deref().unwrap_or(DEFAULT_VOICE);
-    let voice = Voice::find(&config.voices_dir, voice_name).map_err(|e| {
+    let voice = Voice::find(voices_dir, voice_name).map_err(|e| {
         RequestError::bad(
             "unknown_voice",
             format!("{e}; name a voice the workers have installed (`narrator voices`)"),
@@ -373,10 +364,10 @@ fn plan_request(
     });
     let identity = Identity::of(&voice, &scales, speaker.as_deref())
         .map_err(|e| RequestError::bad("invalid_request", format!("{e:#}")))?;
-    let outputs = Outputs::of(r)?;
+    let outputs = request_outputs(r)?;
     let read = ReadOptions {
-        max_input_bytes: config.max_input_bytes,
-        keep_looks: outputs.overlay.is_some(),
+        max_input_bytes,
+        keep_looks: outputs.epub3.is_some(),
         lexicons: Vec::new(),
         meta: MetaOverrides {
             title: r.title.clone(),
@@ -407,15 +398,20 @@ fn plan_request(
         paragraph_pause_ms: 600,
         chapter_pause_ms: 1500,
         chapter_files: outputs.chapter_files,
-        subtitles: outputs.subtitles,
+        subtitles: outputs
+            .subtitles
+            .iter()
+            .map(|f| f.extension().to_string())
+            .collect(),
         speed: r.speed,
-        epub3: outputs.overlay.map(|o| o.as_str().to_string()),
+        epub3: outputs.epub3.map(|o| o.as_str().to_string()),
         scales: Some(identity.scales),
     };
     Ok(Planned {
         plan,
         settings,
-        format: outputs.format,
+        format: outputs.format.extension().to_string(),
+        outputs,
         priority: i32::from(r.priority == Priority::High),
     })
 }
@@ -546,9 +542,11 @@ impl Intake {
         let config = self.config.clone();
         let planned = {
             let request = request.clone();
-            tokio::task::spawn_blocking(move || plan_request(&request, book, &config))
-                .await
-                .map_err(|e| infra(format!("planning the request: {e}")))??
+            tokio::task::spawn_blocking(move || {
+                plan_request(&request, book, &config.voices_dir, config.max_input_bytes)
+            })
+            .await
+            .map_err(|e| infra(format!("planning the request: {e}")))??
         };
         let record = JobRequestRecord {
             key: key.clone(),

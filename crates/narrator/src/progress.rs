@@ -14,7 +14,6 @@ pub(crate) fn hms(secs: f64) -> String {
 
 #[derive(Default)]
 struct Counts {
-    resumed: usize,
     audio: f64,
     made_audio: f64,
 }
@@ -58,7 +57,6 @@ impl Progress {
                 done,
                 done_audio_seconds,
             } => {
-                c.resumed = *done;
                 c.audio = *done_audio_seconds;
                 self.bar.set_length(*total as u64);
                 self.bar.set_position(*done as u64);
@@ -81,6 +79,7 @@ impl Progress {
                     if rtf > 0.0 { 1.0 / rtf } else { 0.0 }
                 ));
             }
+            Event::Assembling => self.bar.set_message("assembling the output files"),
             Event::Warning(w) => {
                 if self.bar.is_hidden() {
                     eprintln!("warning: {w}");
@@ -101,14 +100,6 @@ impl Progress {
             "[{}x{} b{} {}]",
             plan.sessions, plan.intra_threads, plan.max_batch_requests, plan.source
         ));
-    }
-
-    pub(crate) fn resumed(&self) -> usize {
-        self.counts.lock().map(|c| c.resumed).unwrap_or(0)
-    }
-
-    pub(crate) fn assembling(&self) {
-        self.bar.set_message("assembling the output files");
     }
 
     pub(crate) fn finish(&self) {
