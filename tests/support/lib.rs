@@ -1537,16 +1537,23 @@ pub struct Served {
     /// `http://127.0.0.1:PORT`.
     pub url: String,
     log: std::sync::Arc<Mutex<String>>,
+    /// Its `--data` folder, when the test gave none (removed with it).
+    _data: Option<tempfile::TempDir>,
 }
 
 impl Served {
-    /// Starts `narrator serve --listen 127.0.0.1:0 ARGS` and waits (up to 180 s) for the
-    /// address it prints.
+    /// Starts `narrator serve --listen 127.0.0.1:0 ARGS` (with a `--data` folder of its
+    /// own unless ARGS name one) and waits (up to 180 s) for the address it prints.
     pub fn start(args: &[&str]) -> Self {
-        let mut child = use_test_data(&mut Command::new(narrator_bin()))
+        let data = (!args.contains(&"--data")).then(|| tempfile::tempdir().expect("tempdir"));
+        let mut command = Command::new(narrator_bin());
+        command.args(["serve", "--listen", "127.0.0.1:0"]);
+        if let Some(d) = &data {
+            command.arg("--data").arg(d.path());
+        }
+        let mut child = use_test_data(&mut command)
             .env("NARRATOR_ORT_BUILD", "cpu")
             .env_remove("NARRATOR_VOICE")
-            .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
             .stderr(Stdio::piped())
             .spawn()
@@ -1578,7 +1585,18 @@ impl Served {
                     log.lock().unwrap_or_else(|p| p.into_inner())
                 )
             });
-        Served { child, url, log }
+        Served {
+            child,
+            url,
+            log,
+            _data: data,
+        }
+    }
+
+    /// Kills it at once (SIGKILL: nothing is saved on the way out).
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// What it wrote to stderr so far.

@@ -16,8 +16,8 @@ use uuid::Uuid;
 use crate::error::{DbError, int4, unsigned};
 use crate::stored_job::JobSettings;
 
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Where a job is in its life (the fleet's and `narrator serve`'s embedded jobs').
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
     /// Submitted; no segment recorded yet.
@@ -47,7 +47,11 @@ impl JobState {
         }
     }
 
-    pub(crate) fn parse(s: &str) -> Result<Self, DbError> {
+    /// The states' words, for errors.
+    pub const NAMES: &'static str = "queued, running, assembling, done, failed, cancelled";
+
+    /// A state by its word.
+    pub fn parse(s: &str) -> Result<Self, DbError> {
         Ok(match s {
             "queued" => Self::Queued,
             "running" => Self::Running,

@@ -9,7 +9,9 @@
 //! The binary parses the flags and loads the engine ([`narrator_pipeline::load`]); this
 //! crate owns the routes ([`router`]) and the speech path ([`speech`]).
 
+pub mod api;
 pub mod error;
+pub mod jobs;
 pub mod speech;
 
 use std::future::Future;
@@ -22,6 +24,7 @@ use axum::{Json, response::IntoResponse};
 use narrator_engine::Voice;
 use narrator_pipeline::synth::Synthesizer;
 use serde_json::json;
+use std::path::PathBuf;
 
 pub use error::ApiError;
 
@@ -51,6 +54,14 @@ pub struct ServeConfig {
     /// Sentences of one request synthesized at once (the batches the engine keeps in
     /// flight, [`narrator_pipeline::load::Loaded::in_flight`]).
     pub parallel: usize,
+    /// Where jobs are kept (`None`: no jobs API).
+    pub data: Option<PathBuf>,
+    /// Jobs made at once.
+    pub jobs: usize,
+    /// Where voices are looked up.
+    pub voices_dir: PathBuf,
+    /// The largest book a job may bring, in bytes (413 beyond).
+    pub max_input_bytes: u64,
 }
 
 /// The routes' shared state.
@@ -62,15 +73,34 @@ pub struct AppState {
     pub parallel: usize,
     /// Speech requests being spoken now.
     pub active: std::sync::atomic::AtomicUsize,
+    /// The jobs (`None` without a data folder).
+    pub jobs: Option<Arc<jobs::Jobs>>,
+    /// The largest book a job may bring, in bytes.
+    pub max_input_bytes: u64,
 }
 
 /// The server's routes.
 pub fn router(state: Arc<AppState>) -> Router {
+    // A book, and the form around it.
+    let upload_limit = usize::try_from(state.max_input_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(64 * 1024);
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/v1/models", get(models))
         .route("/v1/voices", get(voices))
         .route("/v1/audio/speech", post(speech::speak))
+        .route(
+            "/v1/jobs",
+            post(api::create)
+                .layer(DefaultBodyLimit::max(upload_limit))
+                .get(api::list),
+        )
+        .route("/v1/jobs/{id}", get(api::get).delete(api::delete))
+        .route("/v1/jobs/{id}/events", get(api::events))
+        .route("/v1/jobs/{id}/cancel", post(api::cancel))
+        .route("/v1/jobs/{id}/retry", post(api::retry))
+        .route("/v1/jobs/{id}/outputs/{name}", get(api::output))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -90,6 +120,20 @@ pub async fn run(
             )
         })?;
     let addr = listener.local_addr()?;
+    let jobs = match &config.data {
+        Some(data) => Some(jobs::Jobs::open(
+            data,
+            jobs::JobEngine {
+                voice: config.voice.clone(),
+                voices_dir: config.voices_dir.clone(),
+                synth: config.synth.clone(),
+                in_flight: config.parallel,
+                max_input_bytes: config.max_input_bytes,
+            },
+            config.jobs,
+        )?),
+        None => None,
+    };
     let state = Arc::new(AppState {
         voice: config.voice,
         synth: config.synth,
@@ -97,11 +141,17 @@ pub async fn run(
         pauses: config.pauses,
         parallel: config.parallel,
         active: std::sync::atomic::AtomicUsize::new(0),
+        jobs: jobs.clone(),
+        max_input_bytes: config.max_input_bytes,
     });
     eprintln!("narrator serve: listening on http://{addr}");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await?;
+    if let Some(jobs) = jobs {
+        // The jobs being made keep what they made and are queued again next start.
+        jobs.close().await;
+    }
     Ok(())
 }
 

@@ -641,6 +641,13 @@ pub(crate) struct ServeArgs {
     /// Longest `input` of one speech request, in characters (413 beyond).
     #[arg(long, default_value_t = 100_000)]
     pub(crate) max_input_chars: usize,
+    /// Folder where the server keeps its jobs (their books, state and outputs); they
+    /// survive a restart. Default: `serve` in narrator's data folder (`.deps/serve`).
+    #[arg(long, env = "NARRATOR_SERVE_DATA")]
+    pub(crate) data: Option<PathBuf>,
+    /// Jobs made at once (each uses the whole engine; more than one only interleaves them).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) jobs: u16,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
     #[command(flatten)]

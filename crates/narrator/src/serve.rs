@@ -30,6 +30,10 @@ pub(crate) async fn serve(
             args.listen
         );
     }
+    let data = args
+        .data
+        .clone()
+        .unwrap_or_else(|| paths.data.join("serve"));
     let voice = engine::find_voice(paths, &args.engine)?;
     let planning = match args.engine.calibrate.as_deref() {
         Some(p) => p.parse()?,
@@ -50,6 +54,10 @@ pub(crate) async fn serve(
             synth: Arc::new(loaded.synth),
             max_input_chars: args.max_input_chars,
             pauses: args.text.pauses(),
+            data: Some(data),
+            jobs: usize::from(args.jobs),
+            voices_dir: paths.voices.clone(),
+            max_input_bytes: args.text.max_input_mb.saturating_mul(1024 * 1024),
         },
         shutdown,
     )
