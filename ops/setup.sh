@@ -32,6 +32,8 @@
 #   clients-venv/                    pika, jsonschema, openai (tests/producers.rs, serve.rs); only with --test
 #   clients-node/                    amqplib for examples/producers/node (its lock), links to
 #                                    its scripts (tests/producers.rs); only with --test
+#   browser-node/                    playwright-core for tests/browser (its lock), links to its
+#                                    scripts (tests/serve_page.rs, Debian's chromium); only with --test
 #   onnxruntime-gpu/libonnxruntime.so.1.31.1 (+ the CUDA provider)  only with --gpu
 #   cuda/lib/                        CUDA runtime, cuBLAS, cuFFT, cuRAND, NVRTC, nvJitLink,
 #                                    cuDNN shared libraries; only with --gpu
@@ -128,7 +130,7 @@ die() {
 # Node producer example's amqplib. PostgreSQL and RabbitMQ when nothing answers on their
 # ports (ops/test.sh starts them).
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg epubcheck prometheus python3-venv)
+((FOR_TESTS)) && APT_PACKAGES+=(ffmpeg epubcheck prometheus python3-venv chromium)
 ((FOR_TESTS)) && ! command -v npm >/dev/null && APT_PACKAGES+=(npm)
 ((FOR_TESTS)) && ! port_open 5432 && APT_PACKAGES+=(postgresql)
 ((FOR_TESTS)) && ! port_open 5672 && APT_PACKAGES+=(rabbitmq-server)
@@ -337,6 +339,29 @@ if ((FOR_TESTS)); then
         "$CLIENTS/bin/python" -c "import pika, jsonschema, openai" || die "$CLIENTS: pika, jsonschema or openai does not import"
         echo "$CLIENTS_TEXT" >"$CLIENTS_STAMP"
     fi
+fi
+# playwright-core for the web page's browser test (tests/browser, its lock), installed into
+# .deps/browser-node with the test's script linked beside it (as for clients-node below);
+# it drives Debian's Chromium (no browser download).
+BROWSER_TESTS="$ROOT/tests/browser"
+BROWSER_NODE="$DEPS/browser-node"
+if ((FOR_TESTS)); then
+    BROWSER_NODE_TEXT="package-lock.json sha256 $(sha256sum "$BROWSER_TESTS/package-lock.json" | cut -d' ' -f1)"
+    if [[ -f "$BROWSER_NODE/.narrator-ok" && "$(cat "$BROWSER_NODE/.narrator-ok")" == "$BROWSER_NODE_TEXT" \
+        && -f "$BROWSER_NODE/node_modules/playwright-core/package.json" ]]; then
+        step "browser tests: present (playwright-core of tests/browser/package-lock.json)"
+    else
+        step "browser tests: npm ci into .deps/browser-node (tests/browser/package-lock.json)"
+        rm -rf "$BROWSER_NODE"
+        mkdir -p "$BROWSER_NODE"
+        cp "$BROWSER_TESTS/package.json" "$BROWSER_TESTS/package-lock.json" "$BROWSER_NODE/"
+        (cd "$BROWSER_NODE" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --silent) \
+            || die "npm ci in $BROWSER_NODE failed (is the npm registry reachable?)"
+        echo "$BROWSER_NODE_TEXT" >"$BROWSER_NODE/.narrator-ok"
+    fi
+    for script in "$BROWSER_TESTS"/*.mjs; do
+        ln -sfn "../../tests/browser/${script##*/}" "$BROWSER_NODE/${script##*/}"
+    done
 fi
 # Node's amqplib for examples/producers/node, as its package-lock.json pins it, installed
 # into .deps/clients-node (not beside the example). Node resolves `import "amqplib"` from

@@ -2,16 +2,19 @@
 """Speech from `narrator serve` with OpenAI's own Python package, streamed to a file.
 
     python3 openai_speech.py BASE_URL OUT_FILE [--format wav|pcm|mp3|opus] [--voice alloy]
-                             [--speed 1.0] [--text "..."]
+                             [--speed 1.0] [--text "..."] [--api-key TOKEN]
 
 BASE_URL is the server's /v1, e.g. http://127.0.0.1:8080/v1 (`narrator serve`). The audio
 is written as it arrives (`with_streaming_response`); one JSON line says how it came: the
 chunks received, the bytes of the first and of all, the content type and sample rate, and
-the seconds to the first and to the last byte. A refused request prints its status and
+the seconds to the first and to the last byte. The key is the server's token
+(`narrator serve token add NAME`; default $OPENAI_API_KEY, or none on a server without
+tokens). A refused request prints its status and
 error instead (exit status 1). Needs `pip install openai`. See docs/SERVE.md.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -30,9 +33,10 @@ def main() -> int:
     ap.add_argument("--model", default="tts-1")
     ap.add_argument("--speed", type=float)
     ap.add_argument("--text", default=TEXT)
+    # A server without tokens takes any key; the package insists on one.
+    ap.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "unused"))
     args = ap.parse_args()
-    # narrator serve on loopback takes no key; the package insists on one.
-    client = openai.OpenAI(base_url=args.base_url, api_key="unused")
+    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key)
     extra = {} if args.speed is None else {"speed": args.speed}
     started = time.monotonic()
     chunks = []

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
+use axum::extract::{Extension, FromRequest, Multipart, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -21,11 +21,9 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast::error::RecvError;
 use uuid::Uuid;
 
+use crate::auth::Tenant;
 use crate::jobs::{Job, JobState, ListFilter, Submission, refused};
 use crate::{ApiError, AppState};
-
-/// The tenant of a request (one, `local`, until tokens exist).
-pub const LOCAL_TENANT: &str = "local";
 
 fn jobs(state: &AppState) -> Result<&Arc<crate::jobs::Jobs>, ApiError> {
     state.jobs.as_ref().ok_or_else(|| {
@@ -49,8 +47,12 @@ fn job_id(id: &str) -> Result<Uuid, ApiError> {
 
 /// `POST /v1/jobs`: 201 with the job (and `Location`), or 200 with the job an earlier
 /// request of the same `idempotency_key` made.
-pub async fn create(State(state): State<Arc<AppState>>, req: Request) -> Response {
-    match create_job(&state, req).await {
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    req: Request,
+) -> Response {
+    match create_job(&state, &tenant, req).await {
         Ok((job, created)) => {
             let status = if created {
                 StatusCode::CREATED
@@ -67,7 +69,11 @@ pub async fn create(State(state): State<Arc<AppState>>, req: Request) -> Respons
     }
 }
 
-async fn create_job(state: &Arc<AppState>, req: Request) -> Result<(Job, bool), ApiError> {
+pub(crate) async fn create_job(
+    state: &Arc<AppState>,
+    tenant: &str,
+    req: Request,
+) -> Result<(Job, bool), ApiError> {
     let jobs = jobs(state)?;
     let content_type = req
         .headers()
@@ -93,7 +99,7 @@ async fn create_job(state: &Arc<AppState>, req: Request) -> Result<(Job, bool), 
             "send the job as application/json (the request's fields, the book in `text`) or multipart/form-data (the book in a part named `file`)",
         ));
     };
-    jobs.submit(LOCAL_TENANT, submission).await
+    jobs.submit(tenant, submission).await
 }
 
 fn body_error(e: axum::extract::rejection::BytesRejection) -> ApiError {
@@ -196,11 +202,15 @@ async fn from_form(mut form: Multipart) -> Result<Submission, ApiError> {
         if name == "file" {
             let filename = field.file_name().unwrap_or_default().to_string();
             let bytes = field.bytes().await.map_err(bad_part)?;
-            file = Some((filename, bytes.to_vec()));
+            // A form's file input left empty still sends the part, nameless and empty.
+            if !(filename.is_empty() && bytes.is_empty()) {
+                file = Some((filename, bytes.to_vec()));
+            }
             continue;
         }
         let text = field.text().await.map_err(bad_part)?;
         let value = match name.as_str() {
+            _ if text.trim().is_empty() => continue,
             "speed" => json!(text.trim().parse::<f64>().map_err(|_| {
                 ApiError::bad("invalid_request", format!("speed {text:?} is not a number"))
             })?),
@@ -230,7 +240,6 @@ async fn from_form(mut form: Multipart) -> Result<Submission, ApiError> {
                 }
                 continue;
             }
-            _ if text.is_empty() => continue,
             _ => json!(text),
         };
         fields.insert(name, value);
@@ -306,6 +315,7 @@ pub struct ListQuery {
 /// next page.
 pub async fn list(
     State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let jobs = jobs(&state)?;
@@ -343,7 +353,7 @@ pub async fn list(
         limit,
         after,
     };
-    let (page, next) = jobs.list(LOCAL_TENANT, &filter);
+    let (page, next) = jobs.list(&tenant, &filter);
     Ok(Json(json!({
         "data": page.iter().map(job_json).collect::<Vec<_>>(),
         "next_cursor": next,
@@ -353,9 +363,10 @@ pub async fn list(
 /// `GET /v1/jobs/{id}`.
 pub async fn get(
     State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let job = jobs(&state)?.get(LOCAL_TENANT, job_id(&id)?)?;
+    let job = jobs(&state)?.get(&tenant, job_id(&id)?)?;
     Ok(Json(job_json(&job)))
 }
 
@@ -363,37 +374,41 @@ pub async fn get(
 /// say when it is cancelled).
 pub async fn cancel(
     State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let job = jobs(&state)?.cancel(LOCAL_TENANT, job_id(&id)?)?;
+    let job = jobs(&state)?.cancel(&tenant, job_id(&id)?)?;
     Ok((StatusCode::ACCEPTED, Json(job_json(&job))))
 }
 
 /// `POST /v1/jobs/{id}/retry`.
 pub async fn retry(
     State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let job = jobs(&state)?.retry(LOCAL_TENANT, job_id(&id)?)?;
+    let job = jobs(&state)?.retry(&tenant, job_id(&id)?)?;
     Ok((StatusCode::ACCEPTED, Json(job_json(&job))))
 }
 
 /// `DELETE /v1/jobs/{id}`: 204.
 pub async fn delete(
     State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    jobs(&state)?.delete(LOCAL_TENANT, job_id(&id)?)?;
+    jobs(&state)?.delete(&tenant, job_id(&id)?)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /v1/jobs/{id}/outputs/{name}`, with Range, `ETag` and `Last-Modified`.
 pub async fn output(
     State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
     Path((id, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let path = jobs(&state)?.output(LOCAL_TENANT, job_id(&id)?, &name)?;
+    let path = jobs(&state)?.output(&tenant, job_id(&id)?, &name)?;
     let mut req = axum::http::Request::new(Body::empty());
     for h in [
         header::RANGE,
@@ -441,19 +456,21 @@ pub async fn output(
 /// after the job's final state (done, failed or cancelled).
 pub async fn events(
     State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let jobs = jobs(&state)?.clone();
     let id = job_id(&id)?;
     // Subscribed before the first look, so no change falls between the two.
     let rx = jobs.watch();
-    let first = jobs.get(LOCAL_TENANT, id)?;
+    let first = jobs.get(&tenant, id)?;
     struct Watch {
         rx: tokio::sync::broadcast::Receiver<Job>,
         last: Option<Job>,
         first: Option<Job>,
         jobs: Arc<crate::jobs::Jobs>,
         id: Uuid,
+        tenant: String,
     }
     let watch = Watch {
         rx,
@@ -461,6 +478,7 @@ pub async fn events(
         first: Some(first),
         jobs,
         id,
+        tenant,
     };
     let stream = futures_util::stream::unfold(watch, |mut w| async move {
         if w.last.as_ref().is_some_and(|j| j.state.is_final()) {
@@ -473,7 +491,7 @@ pub async fn events(
                     Ok(job) if job.id == w.id => break job,
                     Ok(_) => continue,
                     // Fell behind: the job as it is now.
-                    Err(RecvError::Lagged(_)) => match w.jobs.get(LOCAL_TENANT, w.id) {
+                    Err(RecvError::Lagged(_)) => match w.jobs.get(&w.tenant, w.id) {
                         Ok(job) => break job,
                         Err(_) => return None,
                     },

@@ -15,6 +15,8 @@ pub struct ApiError {
     /// A stable word for clients.
     pub code: &'static str,
     pub message: String,
+    /// Seconds after which the request may be tried again (`Retry-After`, with 429 and 503).
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -29,7 +31,14 @@ impl ApiError {
             status,
             code,
             message: message.into().replace('\n', " "),
+            retry_after: None,
         }
+    }
+
+    /// The same, to be tried again after `seconds`.
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 }
 
@@ -43,6 +52,11 @@ impl IntoResponse for ApiError {
         let body = json!({"error": {
             "message": self.message, "type": kind, "code": self.code, "param": null,
         }});
-        (self.status, Json(body)).into_response()
+        let mut res = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            res.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        res
     }
 }

@@ -211,6 +211,13 @@ impl Jobs {
         Ok(jobs)
     }
 
+    /// Whether a file can be made in the jobs' folder now.
+    pub fn check_writable(&self) -> std::io::Result<()> {
+        let probe = self.dir.join(".ready");
+        std::fs::write(&probe, b"")?;
+        std::fs::remove_file(probe)
+    }
+
     /// The voice jobs are read with.
     pub fn voice(&self) -> &Voice {
         &self.engine.voice

@@ -10,8 +10,10 @@
 //! crate owns the routes ([`router`]) and the speech path ([`speech`]).
 
 pub mod api;
+pub mod auth;
 pub mod error;
 pub mod jobs;
+pub mod pages;
 pub mod speech;
 
 use std::future::Future;
@@ -62,6 +64,13 @@ pub struct ServeConfig {
     pub voices_dir: PathBuf,
     /// The largest book a job may bring, in bytes (413 beyond).
     pub max_input_bytes: u64,
+    /// The tokens it accepts (none: everything is the tenant `local`, and the server
+    /// must listen on loopback).
+    pub tokens: auth::Tokens,
+    /// Speech requests one tenant may have in progress at once (429 beyond).
+    pub speech_per_tenant: usize,
+    /// Origins whose pages may call the API (CORS); none: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 /// The routes' shared state.
@@ -77,6 +86,10 @@ pub struct AppState {
     pub jobs: Option<Arc<jobs::Jobs>>,
     /// The largest book a job may bring, in bytes.
     pub max_input_bytes: u64,
+    pub tokens: auth::Tokens,
+    pub speech_slots: Arc<auth::SpeechSlots>,
+    /// The voice's preview, once made.
+    pub preview: tokio::sync::OnceCell<axum::body::Bytes>,
 }
 
 /// The server's routes.
@@ -85,10 +98,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     let upload_limit = usize::try_from(state.max_input_bytes)
         .unwrap_or(usize::MAX)
         .saturating_add(64 * 1024);
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+    let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/voices", get(voices))
+        .route("/v1/voices/{name}/preview", get(speech::preview))
         .route("/v1/audio/speech", post(speech::speak))
         .route(
             "/v1/jobs",
@@ -101,6 +114,30 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/jobs/{id}/cancel", post(api::cancel))
         .route("/v1/jobs/{id}/retry", post(api::retry))
         .route("/v1/jobs/{id}/outputs/{name}", get(api::output))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
+    let pages = Router::new()
+        .route("/", get(pages::index))
+        .route(
+            "/jobs",
+            post(pages::submit).layer(DefaultBodyLimit::max(upload_limit)),
+        )
+        .route("/jobs/{id}", get(pages::job))
+        .route("/jobs/{id}/{action}", post(pages::act))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            pages::page_tenant,
+        ));
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/signin", get(pages::signin_form).post(pages::signin))
+        .route("/signout", post(pages::signout))
+        .route("/static/{name}", get(pages::asset))
+        .merge(api)
+        .merge(pages)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -143,9 +180,16 @@ pub async fn run(
         active: std::sync::atomic::AtomicUsize::new(0),
         jobs: jobs.clone(),
         max_input_bytes: config.max_input_bytes,
+        tokens: config.tokens,
+        speech_slots: Arc::new(auth::SpeechSlots::new(config.speech_per_tenant.max(1))),
+        preview: tokio::sync::OnceCell::new(),
     });
+    let mut app = router(state);
+    if !config.cors_origins.is_empty() {
+        app = app.layer(cors(&config.cors_origins)?);
+    }
     eprintln!("narrator serve: listening on http://{addr}");
-    axum::serve(listener, router(state))
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
     if let Some(jobs) = jobs {
@@ -153,6 +197,50 @@ pub async fn run(
         jobs.close().await;
     }
     Ok(())
+}
+
+/// CORS for these origins only: the API's methods, and the headers a page sends
+/// (`Authorization`, `Content-Type`, `Range`).
+fn cors(origins: &[String]) -> anyhow::Result<tower_http::cors::CorsLayer> {
+    use axum::http::{HeaderValue, Method, header};
+    let origins = origins
+        .iter()
+        .map(|o| {
+            HeaderValue::from_str(o.trim_end_matches('/')).map_err(|_| {
+                anyhow::anyhow!(
+                    "--cors-origin {o:?} is not an origin; give one as https://host[:port]"
+                )
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(tower_http::cors::CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, header::RANGE])
+        .expose_headers([
+            header::CONTENT_RANGE,
+            header::LOCATION,
+            header::RETRY_AFTER,
+            header::HeaderName::from_static("x-sample-rate"),
+        ]))
+}
+
+/// `GET /readyz`: 200 once the engine is loaded and the jobs' folder can be written;
+/// 503 otherwise.
+async fn readyz(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
+    if let Some(jobs) = &state.jobs {
+        jobs.check_writable().map_err(|e| {
+            ApiError::with(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "not_ready",
+                format!(
+                    "the jobs' folder cannot be written: {e}; free space or fix its permissions"
+                ),
+            )
+            .retry_after(5)
+        })?;
+    }
+    Ok("ready\n")
 }
 
 /// `GET /v1/models`, as OpenAI lists them.

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use futures_util::StreamExt;
@@ -26,6 +26,7 @@ use serde::Deserialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 
+use crate::auth::Tenant;
 use crate::{ApiError, AppState, MODELS, OPENAI_VOICES};
 
 /// The body of `POST /v1/audio/speech`. Fields OpenAI added that narrator does not use
@@ -174,8 +175,11 @@ pub fn plan(state: &AppState, r: &SpeechRequest) -> Result<Vec<Segment>, ApiErro
 /// `POST /v1/audio/speech`.
 pub async fn speak(
     State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
     body: Result<Json<SpeechRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
+    // Held until the last byte is sent (or the client goes).
+    let slot = state.speech_slots.take(&tenant)?;
     let Json(request) = body.map_err(|e| {
         let status = e.status();
         let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -203,7 +207,10 @@ pub async fn speak(
     };
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     let rate = state.synth.sample_rate();
-    tokio::spawn(produce(state, segments, format, tx));
+    tokio::spawn(async move {
+        produce(state, segments, format, tx).await;
+        drop(slot);
+    });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
@@ -214,6 +221,63 @@ pub async fn speak(
         HeaderValue::from_static(format.content_type()),
     );
     headers.insert("x-sample-rate", HeaderValue::from(rate));
+    Ok(response)
+}
+
+/// What a voice's preview says.
+pub const PREVIEW_TEXT: &str =
+    "Hello. This is how I sound, reading a book aloud from beginning to end.";
+
+/// `GET /v1/voices/{name}/preview`: a few seconds of the voice as MP3, made once and
+/// kept for the server's life.
+pub async fn preview(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    if name != state.voice.name && !OPENAI_VOICES.contains(&name.as_str()) {
+        return Err(ApiError::with(
+            StatusCode::NOT_FOUND,
+            "unknown_voice",
+            format!("voice {name:?} is not served here; GET /v1/voices lists the voices"),
+        ));
+    }
+    let audio = state
+        .preview
+        .get_or_try_init(|| async {
+            let request = SpeechRequest {
+                model: "narrator".into(),
+                input: PREVIEW_TEXT.into(),
+                voice: state.voice.name.clone(),
+                response_format: Some("mp3".into()),
+                speed: None,
+                instructions: None,
+                stream_format: None,
+            };
+            let segments = plan(&state, &request)?;
+            let (tx, mut rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+            tokio::spawn(produce(state.clone(), segments, Format::Mp3, tx));
+            let mut whole = Vec::new();
+            while let Some(piece) = rx.recv().await {
+                let piece = piece.map_err(|e| {
+                    ApiError::with(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        format!("making the preview: {e}"),
+                    )
+                })?;
+                whole.extend_from_slice(&piece);
+            }
+            Ok::<_, ApiError>(Bytes::from(whole))
+        })
+        .await?
+        .clone();
+    let mut response = Response::new(Body::from(audio));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("audio/mpeg"));
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, max-age=3600"),
+    );
     Ok(response)
 }
 

@@ -634,10 +634,23 @@ pub(crate) struct SynthArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
+    #[command(subcommand)]
+    pub(crate) action: Option<ServeAction>,
     /// Address to listen on, `HOST:PORT` (`127.0.0.1:0` picks a free port; the address is
-    /// printed). Only loopback for now: the server has no tokens yet.
+    /// printed). Other than loopback only with tokens (`narrator serve token add`).
     #[arg(long, env = "NARRATOR_SERVE_LISTEN", default_value = "127.0.0.1:8080")]
     pub(crate) listen: String,
+    /// The tokens file (made by `narrator serve token add`). Default: `tokens.json` in the
+    /// --data folder. With tokens in it every /v1 request needs one.
+    #[arg(long, env = "NARRATOR_SERVE_TOKENS", global = true)]
+    pub(crate) tokens: Option<PathBuf>,
+    /// Speech requests one tenant may have in progress at once (429 beyond).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) speech_per_tenant: u16,
+    /// An origin whose web pages may call the API (CORS), e.g. `https://app.example.com`;
+    /// repeat for several. Default: none (no CORS headers).
+    #[arg(long = "cors-origin")]
+    pub(crate) cors_origins: Vec<String>,
     /// Longest `input` of one speech request, in characters (413 beyond).
     #[arg(long, default_value_t = 100_000)]
     pub(crate) max_input_chars: usize,
@@ -652,6 +665,34 @@ pub(crate) struct ServeArgs {
     pub(crate) engine: EngineArgs,
     #[command(flatten)]
     pub(crate) text: TextArgs,
+}
+
+/// What `narrator serve` does besides serving.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ServeAction {
+    /// The server's bearer tokens: each names a tenant, whose jobs only it sees.
+    #[command(subcommand)]
+    Token(TokenAction),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TokenAction {
+    /// Make a token: printed once (keep it), only its SHA-256 stored in the tokens file.
+    Add {
+        /// Its name (to remove it later).
+        name: String,
+        /// Whose jobs it makes and sees (default: the name).
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// The tokens' names and tenants (never the tokens).
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a token (a running server keeps accepting it until restarted).
+    Remove { name: String },
 }
 
 #[derive(Debug, Args)]
