@@ -5,23 +5,11 @@
 //! delete and the refusals through plain HTTP (ureq).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use narrator_test_support::{Served, media, root};
+use narrator_test_support::http::{curl, download, sse_events};
+use narrator_test_support::{Served, http, media, root};
 use serde_json::{Value, json};
-
-fn curl(args: &[&str]) -> (String, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "600"])
-        .args(args)
-        .output()
-        .expect("run curl");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn json_of(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
@@ -29,24 +17,8 @@ fn json_of(text: &str) -> Value {
 
 /// Any method, any body; the status and the body as JSON (null when it is none).
 fn call(served: &Served, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let url = format!("{}{path}", served.url);
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
-    let mut res = match (method, body) {
-        ("GET", _) => agent.get(&url).call(),
-        ("DELETE", _) => agent.delete(&url).call(),
-        (_, Some(b)) => agent
-            .post(&url)
-            .header("content-type", "application/json")
-            .send(b.to_string()),
-        (_, None) => agent.post(&url).send_empty(),
-    }
-    .expect("request");
-    let status = res.status().as_u16();
-    let text = res.body_mut().read_to_string().unwrap_or_default();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    let r = http::call(&served.url, method, path, None, body);
+    (r.status, r.json)
 }
 
 /// Polls the job until `until` holds (at most `secs`).
@@ -96,25 +68,6 @@ fn long_text(n: usize) -> String {
         }
     }
     text
-}
-
-/// The events of an SSE stream, as (event, data) pairs.
-fn sse_events(stream: &str) -> Vec<(String, Value)> {
-    stream
-        .split("\n\n")
-        .filter_map(|block| {
-            let mut event = String::new();
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(e) = line.strip_prefix("event:") {
-                    event = e.trim().to_string();
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push_str(d.trim());
-                }
-            }
-            (!data.is_empty()).then(|| (event, json_of(&data)))
-        })
-        .collect()
 }
 
 /// The whole path with curl: a Markdown book uploaded as multipart (chapter files, SRT),
@@ -200,15 +153,9 @@ fn a_book_uploaded_with_curl_is_made_followed_and_served_with_range() {
         "{}",
         &head[..200.min(head.len())]
     );
-    let part = dir.path().join("part");
-    curl(&[
-        "-H",
-        "Range: bytes=1000-1999",
-        "-o",
-        &part.display().to_string(),
-        &format!("{}/v1/jobs/{id}/outputs/book", served.url),
-    ]);
-    assert_eq!(std::fs::read(&part).expect("part"), whole[1000..2000]);
+    let url = format!("{}/v1/jobs/{id}/outputs/book", served.url);
+    let part = download(&url, &["Range: bytes=1000-1999"], &dir.path().join("part"));
+    assert_eq!(part, whole[1000..2000]);
 
     let outputs = last["outputs"].as_array().expect("outputs");
     let chapter = outputs

@@ -6,7 +6,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use narrator_test_support::{Served, clients_python, narrator_bin, root, use_test_data};
+use narrator_test_support::{Served, clients_python, http, narrator_bin, root, use_test_data};
 use serde_json::{Value, json};
 
 /// `narrator serve --data DATA token add NAME [--tenant T]`: the token it prints.
@@ -32,8 +32,8 @@ fn add_token(data: &std::path::Path, name: &str, tenant: Option<&str>) -> String
     token
 }
 
-/// A request with an optional bearer token: status, headers' Retry-After and
-/// WWW-Authenticate, and the body as JSON.
+/// A request with an optional bearer token: status, `Retry-After` or
+/// `WWW-Authenticate`, and the body as JSON.
 fn call(
     served: &Served,
     method: &str,
@@ -41,41 +41,8 @@ fn call(
     token: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Option<String>, Value) {
-    let url = format!("{}{path}", served.url);
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
-    let auth = token.map(|t| format!("Bearer {t}"));
-    let mut res = match (method, body) {
-        ("GET", _) => {
-            let mut r = agent.get(&url);
-            if let Some(a) = &auth {
-                r = r.header("authorization", a);
-            }
-            r.call()
-        }
-        (_, b) => {
-            let mut r = agent.post(&url).header("content-type", "application/json");
-            if let Some(a) = &auth {
-                r = r.header("authorization", a);
-            }
-            r.send(b.unwrap_or(json!({})).to_string())
-        }
-    }
-    .expect("request");
-    let status = res.status().as_u16();
-    let header = ["retry-after", "www-authenticate"]
-        .iter()
-        .find_map(|h| res.headers().get(*h))
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let text = res.body_mut().read_to_string().unwrap_or_default();
-    (
-        status,
-        header,
-        serde_json::from_str(&text).unwrap_or(Value::Null),
-    )
+    let r = http::call(&served.url, method, path, token, body);
+    (r.status, r.retry_after.or(r.authenticate), r.json)
 }
 
 /// The page in Chromium: sign in with a token, the voice's preview plays, a book

@@ -22,6 +22,7 @@ pub use narrator_db;
 
 #[cfg(test)]
 mod doc_links;
+pub mod http;
 pub mod media;
 pub mod otlp;
 pub mod prometheus;
@@ -1545,15 +1546,25 @@ impl Served {
     /// Starts `narrator serve --listen 127.0.0.1:0 ARGS` (with a `--data` folder of its
     /// own unless ARGS name one) and waits (up to 180 s) for the address it prints.
     pub fn start(args: &[&str]) -> Self {
-        let data = (!args.contains(&"--data")).then(|| tempfile::tempdir().expect("tempdir"));
         let mut command = Command::new(narrator_bin());
+        use_test_data(&mut command)
+            .env("NARRATOR_ORT_BUILD", "cpu")
+            .env_remove("NARRATOR_VOICE");
+        Self::spawn(command, args)
+    }
+
+    /// The same with `world`'s services and data folder (for `--fleet`).
+    pub fn in_world(world: &World, args: &[&str]) -> Self {
+        Self::spawn(world.cmd(), args)
+    }
+
+    fn spawn(mut command: Command, args: &[&str]) -> Self {
+        let data = (!args.contains(&"--data")).then(|| tempfile::tempdir().expect("tempdir"));
         command.args(["serve", "--listen", "127.0.0.1:0"]);
         if let Some(d) = &data {
             command.arg("--data").arg(d.path());
         }
-        let mut child = use_test_data(&mut command)
-            .env("NARRATOR_ORT_BUILD", "cpu")
-            .env_remove("NARRATOR_VOICE")
+        let mut child = command
             .args(args)
             .stderr(Stdio::piped())
             .spawn()

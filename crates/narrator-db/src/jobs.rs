@@ -136,6 +136,8 @@ pub struct JobRequestRecord {
     pub key: Option<String>,
     /// The producer's JSON object, kept with the job.
     pub metadata: Option<serde_json::Value>,
+    /// Whose job it is (`narrator serve`'s tenants; none from the intake or `submit`).
+    pub tenant: Option<String>,
 }
 
 /// What [`create_requested_job`] did.
@@ -176,9 +178,9 @@ pub async fn create_requested_job(
     let inserted: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO jobs (id, content_id, title, source, voice, format, priority, \
          segments_total, chapters, warnings, metadata, cover, cover_type, lexicon, settings, \
-         traceparent, tracestate, request_key, request_metadata) \
+         traceparent, tracestate, request_key, request_metadata, tenant) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-           $18, $19) \
+           $18, $19, $20) \
          ON CONFLICT (request_key) WHERE request_key IS NOT NULL DO NOTHING RETURNING id",
     )
     .bind(id)
@@ -200,6 +202,7 @@ pub async fn create_requested_job(
     .bind(trace.and_then(|t| t.tracestate.as_deref()))
     .bind(request.key.as_deref())
     .bind(request.metadata.as_ref().map(Json))
+    .bind(request.tenant.as_deref())
     .fetch_optional(&mut *tx)
     .await
     .map_err(|e| DbError::on_job(id, e))?;
@@ -440,6 +443,8 @@ pub struct JobSummary {
     pub request_key: Option<String>,
     /// The producer's metadata kept with the job.
     pub request_metadata: Option<serde_json::Value>,
+    /// Its tenant (`narrator serve`'s), if it has one.
+    pub tenant: Option<String>,
 }
 
 /// A chapter's progress.
@@ -555,6 +560,7 @@ fn summary(row: &PgRow) -> Result<JobSummary, DbError> {
         request_metadata: row
             .try_get::<Option<Json<serde_json::Value>>, _>("request_metadata")?
             .map(|Json(v)| v),
+        tenant: row.try_get("tenant")?,
     })
 }
 
@@ -577,7 +583,7 @@ pub async fn job_status(
     let row = sqlx::query(
         "SELECT v.*, j.chapters, j.warnings, j.chapter_done, j.chapter_audio, j.rescues, \
            j.assembly_retry_at, j.assembly_attempts, j.assembly_error, j.assembler, \
-           j.request_key, j.request_metadata, \
+           j.request_key, j.request_metadata, j.tenant, \
            EXTRACT(EPOCH FROM now() - greatest(j.created_at, j.progress_at, j.rescued_at))::float8 \
              AS idle_seconds, \
            (SELECT count(*) FROM workers w \
@@ -624,11 +630,49 @@ pub async fn job_status(
 /// The most recent jobs, newest first.
 pub async fn list_jobs(exec: impl PgExecutor<'_>, limit: u32) -> Result<Vec<JobSummary>, DbError> {
     sqlx::query(
-        "SELECT v.*, j.request_key, j.request_metadata \
+        "SELECT v.*, j.request_key, j.request_metadata, j.tenant \
          FROM job_status v JOIN jobs j ON j.id = v.id \
          ORDER BY v.created_at DESC, v.id LIMIT $1",
     )
     .bind(i64::from(limit))
+    .fetch_all(exec)
+    .await?
+    .iter()
+    .map(summary)
+    .collect()
+}
+
+/// Which jobs [`list_tenant_jobs`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct TenantJobs<'a> {
+    pub tenant: &'a str,
+    pub state: Option<JobState>,
+    pub voice: Option<&'a str>,
+    /// Only jobs after this one in the order (newest first): the last of the page before.
+    pub after: Option<Uuid>,
+    pub limit: u32,
+}
+
+/// A tenant's jobs, newest first (`narrator serve`'s fleet gateway).
+pub async fn list_tenant_jobs(
+    exec: impl PgExecutor<'_>,
+    q: &TenantJobs<'_>,
+) -> Result<Vec<JobSummary>, DbError> {
+    sqlx::query(
+        "SELECT v.*, j.request_key, j.request_metadata, j.tenant \
+         FROM jobs j JOIN job_status v ON v.id = j.id \
+         WHERE j.tenant = $1 \
+           AND ($2::text IS NULL OR j.state = $2) \
+           AND ($3::text IS NULL OR j.voice = $3) \
+           AND ($4::uuid IS NULL OR (j.created_at, j.id) < \
+                (SELECT created_at, id FROM jobs WHERE id = $4)) \
+         ORDER BY j.created_at DESC, j.id DESC LIMIT $5",
+    )
+    .bind(q.tenant)
+    .bind(q.state.map(JobState::as_str))
+    .bind(q.voice)
+    .bind(q.after)
+    .bind(i64::from(q.limit))
     .fetch_all(exec)
     .await?
     .iter()

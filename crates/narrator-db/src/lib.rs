@@ -52,9 +52,9 @@ pub use events::{
 };
 pub use gauges::{GAUGE_FINISHED_WITHIN, VoiceGauges, voice_gauges};
 pub use jobs::{
-    ChapterProgress, Created, JobRequestRecord, JobState, JobStatus, JobSummary, cancel_job,
-    claim_assembly, create_job, create_job_with, create_requested_job, fail_job, finish_job,
-    job_by_request_key, job_state, job_status, list_jobs,
+    ChapterProgress, Created, JobRequestRecord, JobState, JobStatus, JobSummary, TenantJobs,
+    cancel_job, claim_assembly, create_job, create_job_with, create_requested_job, fail_job,
+    finish_job, job_by_request_key, job_state, job_status, list_jobs, list_tenant_jobs,
 };
 pub use prune::{
     PrunableJob, cancelled_unreleased, claim_prune, delete_ended_job, prunable_jobs,

@@ -13,19 +13,19 @@ use axum::extract::{Extension, FromRequest, Multipart, Path, Query, Request, Sta
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use narrator_text::InputFormat;
 use narrator_worker::intake::{JobRequest, REQUEST_VERSION, TextFormat, parse_request};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use tokio::sync::broadcast::error::RecvError;
 use uuid::Uuid;
 
 use crate::auth::Tenant;
+use crate::backend::{Backend, OutputAt};
 use crate::jobs::{Job, JobState, ListFilter, Submission, refused};
 use crate::{ApiError, AppState};
 
-fn jobs(state: &AppState) -> Result<&Arc<crate::jobs::Jobs>, ApiError> {
+fn jobs(state: &AppState) -> Result<&Backend, ApiError> {
     state.jobs.as_ref().ok_or_else(|| {
         ApiError::with(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -353,7 +353,7 @@ pub async fn list(
         limit,
         after,
     };
-    let (page, next) = jobs.list(&tenant, &filter);
+    let (page, next) = jobs.list(&tenant, &filter).await?;
     Ok(Json(json!({
         "data": page.iter().map(job_json).collect::<Vec<_>>(),
         "next_cursor": next,
@@ -366,7 +366,7 @@ pub async fn get(
     Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let job = jobs(&state)?.get(&tenant, job_id(&id)?)?;
+    let job = jobs(&state)?.get(&tenant, job_id(&id)?).await?;
     Ok(Json(job_json(&job)))
 }
 
@@ -377,7 +377,7 @@ pub async fn cancel(
     Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let job = jobs(&state)?.cancel(&tenant, job_id(&id)?)?;
+    let job = jobs(&state)?.cancel(&tenant, job_id(&id)?).await?;
     Ok((StatusCode::ACCEPTED, Json(job_json(&job))))
 }
 
@@ -387,7 +387,7 @@ pub async fn retry(
     Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let job = jobs(&state)?.retry(&tenant, job_id(&id)?)?;
+    let job = jobs(&state)?.retry(&tenant, job_id(&id)?).await?;
     Ok((StatusCode::ACCEPTED, Json(job_json(&job))))
 }
 
@@ -397,7 +397,7 @@ pub async fn delete(
     Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    jobs(&state)?.delete(&tenant, job_id(&id)?)?;
+    jobs(&state)?.delete(&tenant, job_id(&id)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -408,7 +408,11 @@ pub async fn output(
     Path((id, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let path = jobs(&state)?.output(&tenant, job_id(&id)?, &name)?;
+    let path = match jobs(&state)?.output(&tenant, job_id(&id)?, &name).await? {
+        OutputAt::File(path) => path,
+        // The fleet's outputs are in S3: the client follows (and seeks) there.
+        OutputAt::Url(url) => return Ok(axum::response::Redirect::temporary(&url).into_response()),
+    };
     let mut req = axum::http::Request::new(Body::empty());
     for h in [
         header::RANGE,
@@ -459,56 +463,18 @@ pub async fn events(
     Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let jobs = jobs(&state)?.clone();
-    let id = job_id(&id)?;
-    // Subscribed before the first look, so no change falls between the two.
-    let rx = jobs.watch();
-    let first = jobs.get(&tenant, id)?;
-    struct Watch {
-        rx: tokio::sync::broadcast::Receiver<Job>,
-        last: Option<Job>,
-        first: Option<Job>,
-        jobs: Arc<crate::jobs::Jobs>,
-        id: Uuid,
-        tenant: String,
-    }
-    let watch = Watch {
-        rx,
-        last: None,
-        first: Some(first),
-        jobs,
-        id,
-        tenant,
-    };
-    let stream = futures_util::stream::unfold(watch, |mut w| async move {
-        if w.last.as_ref().is_some_and(|j| j.state.is_final()) {
-            return None;
-        }
-        let job = match w.first.take() {
-            Some(job) => job,
-            None => loop {
-                match w.rx.recv().await {
-                    Ok(job) if job.id == w.id => break job,
-                    Ok(_) => continue,
-                    // Fell behind: the job as it is now.
-                    Err(RecvError::Lagged(_)) => match w.jobs.get(&w.tenant, w.id) {
-                        Ok(job) => break job,
-                        Err(_) => return None,
-                    },
-                    Err(RecvError::Closed) => return None,
-                }
-            },
-        };
-        let kind = match &w.last {
-            Some(last) if last.state == job.state => "progress",
+    let changes = jobs(&state)?.changes(&tenant, job_id(&id)?).await?;
+    let mut last: Option<JobState> = None;
+    let stream = changes.map(move |job| {
+        let kind = match last {
+            Some(s) if s == job.state => "progress",
             _ => "state",
         };
-        let event = SseEvent::default()
+        last = Some(job.state);
+        Ok(SseEvent::default()
             .event(kind)
             .json_data(job_json(&job))
-            .unwrap_or_else(|_| SseEvent::default().event(kind));
-        w.last = Some(job);
-        Some((Ok(event), w))
+            .unwrap_or_else(|_| SseEvent::default().event(kind)))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

@@ -466,14 +466,7 @@ impl Jobs {
     pub fn output(&self, tenant: &str, id: Uuid, name: &str) -> Result<PathBuf, ApiError> {
         let job = self.get(tenant, id)?;
         if job.state != JobState::Done {
-            return Err(ApiError::with(
-                StatusCode::CONFLICT,
-                "job_not_done",
-                format!(
-                    "job {id} is {}; its outputs come once it is done (GET /v1/jobs/{id}/events tells when)",
-                    word(job.state)
-                ),
-            ));
+            return Err(not_done(id, job.state));
         }
         let file = match name {
             "manifest" => Some("manifest.json"),
@@ -488,15 +481,7 @@ impl Jobs {
                 .find(|o| o.name == name)
                 .map(|o| o.name.as_str()),
         }
-        .ok_or_else(|| {
-            ApiError::with(
-                StatusCode::NOT_FOUND,
-                "no_such_output",
-                format!(
-                    "job {id} has no output {name:?}; its outputs are listed in GET /v1/jobs/{id}"
-                ),
-            )
-        })?;
+        .ok_or_else(|| no_such_output(id, name))?;
         Ok(self.folder(id).join("out").join(file))
     }
 
@@ -716,7 +701,29 @@ fn word(state: JobState) -> &'static str {
     state.as_str()
 }
 
-fn not_found(id: Uuid) -> ApiError {
+/// 404: no such output.
+pub(crate) fn no_such_output(id: Uuid, name: &str) -> ApiError {
+    ApiError::with(
+        StatusCode::NOT_FOUND,
+        "no_such_output",
+        format!("job {id} has no output {name:?}; its outputs are listed in GET /v1/jobs/{id}"),
+    )
+}
+
+/// 409: the outputs of a job not done.
+pub(crate) fn not_done(id: Uuid, state: JobState) -> ApiError {
+    ApiError::with(
+        StatusCode::CONFLICT,
+        "job_not_done",
+        format!(
+            "job {id} is {}; its outputs come once it is done (GET /v1/jobs/{id}/events tells when)",
+            state.as_str()
+        ),
+    )
+}
+
+/// 404: no such job (or another tenant's).
+pub(crate) fn not_found(id: Uuid) -> ApiError {
     ApiError::with(
         StatusCode::NOT_FOUND,
         "job_not_found",

@@ -11,7 +11,9 @@
 
 pub mod api;
 pub mod auth;
+pub mod backend;
 pub mod error;
+pub mod fleet;
 pub mod jobs;
 pub mod pages;
 pub mod speech;
@@ -71,6 +73,8 @@ pub struct ServeConfig {
     pub speech_per_tenant: usize,
     /// Origins whose pages may call the API (CORS); none: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// The fleet to hand jobs to (`None`: the server makes them in `data`).
+    pub fleet: Option<fleet::FleetJobs>,
 }
 
 /// The routes' shared state.
@@ -82,8 +86,8 @@ pub struct AppState {
     pub parallel: usize,
     /// Speech requests being spoken now.
     pub active: std::sync::atomic::AtomicUsize,
-    /// The jobs (`None` without a data folder).
-    pub jobs: Option<Arc<jobs::Jobs>>,
+    /// The jobs (`None` without a data folder or a fleet).
+    pub jobs: Option<backend::Backend>,
     /// The largest book a job may bring, in bytes.
     pub max_input_bytes: u64,
     pub tokens: auth::Tokens,
@@ -157,8 +161,8 @@ pub async fn run(
             )
         })?;
     let addr = listener.local_addr()?;
-    let jobs = match &config.data {
-        Some(data) => Some(jobs::Jobs::open(
+    let embedded = match (&config.data, &config.fleet) {
+        (Some(data), None) => Some(jobs::Jobs::open(
             data,
             jobs::JobEngine {
                 voice: config.voice.clone(),
@@ -169,7 +173,11 @@ pub async fn run(
             },
             config.jobs,
         )?),
-        None => None,
+        _ => None,
+    };
+    let jobs = match config.fleet {
+        Some(fleet) => Some(backend::Backend::Fleet(Arc::new(fleet))),
+        None => embedded.clone().map(backend::Backend::Embedded),
     };
     let state = Arc::new(AppState {
         voice: config.voice,
@@ -178,7 +186,7 @@ pub async fn run(
         pauses: config.pauses,
         parallel: config.parallel,
         active: std::sync::atomic::AtomicUsize::new(0),
-        jobs: jobs.clone(),
+        jobs,
         max_input_bytes: config.max_input_bytes,
         tokens: config.tokens,
         speech_slots: Arc::new(auth::SpeechSlots::new(config.speech_per_tenant.max(1))),
@@ -192,7 +200,7 @@ pub async fn run(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
-    if let Some(jobs) = jobs {
+    if let Some(jobs) = embedded {
         // The jobs being made keep what they made and are queued again next start.
         jobs.close().await;
     }
@@ -225,20 +233,11 @@ fn cors(origins: &[String]) -> anyhow::Result<tower_http::cors::CorsLayer> {
         ]))
 }
 
-/// `GET /readyz`: 200 once the engine is loaded and the jobs' folder can be written;
-/// 503 otherwise.
+/// `GET /readyz`: 200 once the engine is loaded and jobs can be taken (the jobs' folder
+/// can be written; in the fleet, the database answers); 503 otherwise.
 async fn readyz(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
     if let Some(jobs) = &state.jobs {
-        jobs.check_writable().map_err(|e| {
-            ApiError::with(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "not_ready",
-                format!(
-                    "the jobs' folder cannot be written: {e}; free space or fix its permissions"
-                ),
-            )
-            .retry_after(5)
-        })?;
+        jobs.ready().await?;
     }
     Ok("ready\n")
 }

@@ -172,7 +172,12 @@ pub struct IndexQuery {
     pub cursor: Option<String>,
 }
 
-fn index_page(state: &AppState, tenant: &str, q: &IndexQuery, error: Option<String>) -> IndexPage {
+async fn index_page(
+    state: &AppState,
+    tenant: &str,
+    q: &IndexQuery,
+    error: Option<String>,
+) -> IndexPage {
     let filter_state = q.state.as_deref().and_then(|s| JobState::parse(s).ok());
     let filter = ListFilter {
         state: filter_state,
@@ -180,9 +185,12 @@ fn index_page(state: &AppState, tenant: &str, q: &IndexQuery, error: Option<Stri
         limit: 50,
         after: q.cursor.as_deref().and_then(|c| c.parse().ok()),
     };
-    let (jobs, next) = match &state.jobs {
-        Some(jobs) => jobs.list(tenant, &filter),
-        None => (Vec::new(), None),
+    let (jobs, next, error) = match &state.jobs {
+        Some(jobs) => match jobs.list(tenant, &filter).await {
+            Ok((jobs, next)) => (jobs, next, error),
+            Err(e) => (Vec::new(), None, Some(e.message)),
+        },
+        None => (Vec::new(), None, error),
     };
     let word = filter_state.map_or("", JobState::as_str);
     let filters = std::iter::once(("All", ""))
@@ -229,7 +237,7 @@ pub async fn index(
     Extension(Tenant(tenant)): Extension<Tenant>,
     Query(q): Query<IndexQuery>,
 ) -> Response {
-    render(&index_page(&state, &tenant, &q, None), StatusCode::OK)
+    render(&index_page(&state, &tenant, &q, None).await, StatusCode::OK)
 }
 
 /// `POST /jobs`: the form's book made a job (then its page), or the form again with the
@@ -242,7 +250,7 @@ pub async fn submit(
     match crate::api::create_job(&state, &tenant, req).await {
         Ok((job, _)) => Redirect::to(&format!("/jobs/{}", job.id)).into_response(),
         Err(e) => render(
-            &index_page(&state, &tenant, &IndexQuery::default(), Some(e.message)),
+            &index_page(&state, &tenant, &IndexQuery::default(), Some(e.message)).await,
             e.status,
         ),
     }
@@ -278,10 +286,10 @@ pub async fn job(
     Extension(Tenant(tenant)): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Response {
-    let found = id
-        .parse::<Uuid>()
-        .ok()
-        .and_then(|id| state.jobs.as_ref()?.get(&tenant, id).ok());
+    let found = match (id.parse::<Uuid>(), &state.jobs) {
+        (Ok(uuid), Some(jobs)) => jobs.get(&tenant, uuid).await.ok(),
+        _ => None,
+    };
     let Some(job) = found else {
         return (
             StatusCode::NOT_FOUND,
@@ -320,9 +328,9 @@ pub async fn act(
     };
     let back = format!("/jobs/{uuid}");
     let done = match action.as_str() {
-        "cancel" => jobs.cancel(&tenant, uuid).map(|_| back),
-        "retry" => jobs.retry(&tenant, uuid).map(|_| back),
-        "delete" => jobs.delete(&tenant, uuid).map(|_| "/".to_string()),
+        "cancel" => jobs.cancel(&tenant, uuid).await.map(|_| back),
+        "retry" => jobs.retry(&tenant, uuid).await.map(|_| back),
+        "delete" => jobs.delete(&tenant, uuid).await.map(|_| "/".to_string()),
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
     match done {

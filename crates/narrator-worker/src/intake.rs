@@ -525,11 +525,27 @@ impl Intake {
         body: &[u8],
         message_id: Option<&str>,
     ) -> Result<Reply, RequestError> {
-        let mut request = parse_request(body)?;
+        self.accept_for(parse_request(body)?, message_id, None)
+            .await
+    }
+
+    /// A parsed request made a job of `tenant`'s (`narrator serve`'s fleet gateway): its
+    /// key is the tenant's own (`TENANT:KEY` in the fleet), so tenants never meet each
+    /// other's jobs through a key.
+    pub async fn accept_for(
+        &self,
+        mut request: JobRequest,
+        message_id: Option<&str>,
+        tenant: Option<&str>,
+    ) -> Result<Reply, RequestError> {
         let key = request
             .idempotency_key
             .clone()
-            .or_else(|| message_id.filter(|m| !m.is_empty()).map(str::to_string));
+            .or_else(|| message_id.filter(|m| !m.is_empty()).map(str::to_string))
+            .map(|k| match tenant {
+                Some(t) => format!("{t}:{k}"),
+                None => k,
+            });
         if let Some(k) = &key
             && let Some(job) = narrator_db::job_by_request_key(&self.pool, k)
                 .await
@@ -551,6 +567,7 @@ impl Intake {
         let record = JobRequestRecord {
             key: key.clone(),
             metadata: request.metadata.clone().map(serde_json::Value::Object),
+            tenant: tenant.map(str::to_string),
         };
         let created = narrator_db::create_requested_job(
             &self.pool,

@@ -49,7 +49,7 @@ use narrator_telemetry::serve::Health;
 use tokio::sync::{mpsc, watch};
 
 pub use publish::{dispatch, first_window, fleet_share, publish_segments, window_of};
-pub use submit::{Submission, Submitted, Submitter};
+pub use submit::{Submission, Submitted, Submitter, retry_job};
 
 /// One voice on one device, loaded and planned by the caller.
 pub struct VoiceEngine {

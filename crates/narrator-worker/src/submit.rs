@@ -158,3 +158,29 @@ impl Submitter {
         Ok(crate::window_of(share.as_ref(), priority, coming + since))
     }
 }
+
+/// Puts a failed job back to work ([`narrator_db::retry_job`]) and enqueues the first
+/// window of its segments to redo on `conn` (the rest follow as its segments are
+/// recorded; should this die first, a worker's reconciler enqueues them). Returns the
+/// outcome and how many were enqueued now.
+pub async fn retry_job(
+    pool: &PgPool,
+    conn: &Connection,
+    job: Uuid,
+) -> Result<(narrator_db::RetryOutcome, usize), WorkerError> {
+    let outcome = narrator_db::retry_job(pool, job).await?;
+    let narrator_db::RetryOutcome::Retried(segments) = &outcome else {
+        return Ok((outcome, 0));
+    };
+    if segments.is_empty() {
+        return Ok((outcome, 0));
+    }
+    let (voice, priority) = narrator_db::job_route(pool, job).await?;
+    let channel = crate::open_channel(conn).await?;
+    narrator_broker::declare(&channel, &voice).await?;
+    let publisher = Publisher::new(conn).await?;
+    let cluster_id = narrator_db::cluster_id(pool).await?.to_string();
+    let limits = crate::first_window(pool, &voice, priority, 0).await?;
+    let enqueued = crate::dispatch(pool, &publisher, &cluster_id, job, limits).await?;
+    Ok((outcome, enqueued))
+}

@@ -661,6 +661,13 @@ pub(crate) struct ServeArgs {
     /// Jobs made at once (each uses the whole engine; more than one only interleaves them).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) jobs: u16,
+    /// The fleet's gateway: jobs go to the workers through the database, broker and S3
+    /// (the service flags below) instead of being made here; speech stays on this
+    /// server's engine.
+    #[arg(long, env = "NARRATOR_SERVE_FLEET")]
+    pub(crate) fleet: bool,
+    #[command(flatten)]
+    pub(crate) services: ServiceArgs,
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
     #[command(flatten)]

@@ -48,6 +48,10 @@ pub(crate) async fn serve(
         Some(p) => p.parse()?,
         None => engine::Planning::CachedOnly,
     };
+    let fleet = match args.fleet {
+        true => Some(fleet(paths, &args).await?),
+        false => None,
+    };
     let loaded = engine::load(
         paths,
         &engine::options(&args.engine),
@@ -70,6 +74,7 @@ pub(crate) async fn serve(
             tokens,
             speech_per_tenant: usize::from(args.speech_per_tenant),
             cors_origins: args.cors_origins,
+            fleet,
         },
         shutdown,
     )
@@ -117,4 +122,22 @@ fn token(file: &std::path::Path, action: TokenAction) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--fleet`: the database (migrated), the broker and the bucket, connected.
+async fn fleet(
+    paths: &Paths,
+    args: &ServeArgs,
+) -> anyhow::Result<narrator_serve::fleet::FleetJobs> {
+    let pool = crate::cluster::database(&args.services).await?;
+    let conn = crate::cluster::broker(&args.services, "narrator-serve").await?;
+    let store = crate::cluster::store(&args.services).await?;
+    narrator_serve::fleet::FleetJobs::connect(
+        pool,
+        conn,
+        store,
+        paths.voices.clone(),
+        args.text.max_input_mb.saturating_mul(1024 * 1024),
+    )
+    .await
 }

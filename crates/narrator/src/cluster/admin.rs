@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use narrator_broker::Publisher;
 use narrator_db::{JobState, JobStatus, RetryOutcome};
 
 use crate::cli::{JobArgs, JobsAction, JobsArgs, MigrateArgs, PruneArgs, StatusArgs, WorkersArgs};
@@ -348,7 +347,10 @@ pub(crate) async fn cancel(args: JobArgs) -> anyhow::Result<()> {
 pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
     let job = cluster::job_id(&args.job)?;
     let pool = cluster::database(&args.services).await?;
-    let segments = match narrator_db::retry_job(&pool, job).await? {
+    let conn = cluster::broker(&args.services, "narrator-retry").await?;
+    let (outcome, enqueued) = narrator_worker::retry_job(&pool, &conn, job).await?;
+    let _ = conn.close(200, "done".into()).await;
+    let segments = match outcome {
         RetryOutcome::Retried(s) => s,
         RetryOutcome::NotFailed(state) => bail!(
             "job {job} is {}, not failed: only failed jobs can be retried",
@@ -359,19 +361,6 @@ pub(crate) async fn retry(args: JobArgs) -> anyhow::Result<()> {
              deleted already), so it cannot be retried: submit the book again"
         ),
     };
-    let (voice, priority) = narrator_db::job_route(&pool, job).await?;
-    let mut enqueued = 0;
-    if !segments.is_empty() {
-        let conn = cluster::broker(&args.services, "narrator-retry").await?;
-        let channel = conn.create_channel().await?;
-        narrator_broker::declare(&channel, &voice).await?;
-        let publisher = Publisher::new(&conn).await?;
-        let cluster_id = narrator_db::cluster_id(&pool).await?.to_string();
-        // Its first window; workers publish the rest as they record (fair share).
-        let limits = narrator_worker::first_window(&pool, &voice, priority, 0).await?;
-        enqueued = narrator_worker::dispatch(&pool, &publisher, &cluster_id, job, limits).await?;
-        let _ = conn.close(200, "done".into()).await;
-    }
     println!(
         "job {job} is back to work: {} segments to redo, {enqueued} enqueued now{}",
         segments.len(),
