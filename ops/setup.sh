@@ -29,7 +29,8 @@
 #   voices/en_US-joe-medium.onnx, .onnx.json, MODEL_CARD
 #   espeak-ng-data/                  Piper's espeak-ng data; espeak_Initialize path = .deps
 #   piper-venv/                      only with --with-piper
-#   clients-venv/                    pika, jsonschema, openai (tests/producers.rs, serve.rs); only with --test
+#   clients-venv/                    pika, jsonschema, openai, schemathesis (tests/producers.rs,
+#                                    serve.rs); only with --test
 #   clients-node/                    amqplib for examples/producers/node (its lock), links to
 #                                    its scripts (tests/producers.rs); only with --test
 #   browser-node/                    playwright-core for tests/browser (its lock), links to its
@@ -322,10 +323,11 @@ fi
 # ---- 4a. the producers' clients of the tests ------------------------------------------------
 # Python's pika (a producer on narrator.intake, as users bring it) and jsonschema (replies and
 # requests validated against docs/schema/): tests/producers.rs runs them. OpenAI's package
-# (a client of `narrator serve`'s /v1/audio/speech): tests/serve.rs.
+# (a client of `narrator serve`'s /v1/audio/speech) and schemathesis (the API against its
+# /openapi.json): tests/serve.rs.
 CLIENTS="$DEPS/clients-venv"
 CLIENTS_STAMP="$CLIENTS/.narrator-ok"
-CLIENTS_TEXT="pika==1.3.2 jsonschema==4.23.0 openai==3.63.0"
+CLIENTS_TEXT="pika==1.3.2 jsonschema==4.23.0 openai==3.63.0 schemathesis==4.32.5"
 if ((FOR_TESTS)); then
     if [[ -f "$CLIENTS_STAMP" && "$(cat "$CLIENTS_STAMP")" == "$CLIENTS_TEXT" && -x "$CLIENTS/bin/python" ]]; then
         step "clients venv: present ($CLIENTS_TEXT)"
@@ -336,7 +338,8 @@ if ((FOR_TESTS)); then
         # shellcheck disable=SC2086
         "$CLIENTS/bin/python" -m pip install --quiet --disable-pip-version-check $CLIENTS_TEXT \
             || die "pip install into $CLIENTS failed (is PyPI reachable?)"
-        "$CLIENTS/bin/python" -c "import pika, jsonschema, openai" || die "$CLIENTS: pika, jsonschema or openai does not import"
+        "$CLIENTS/bin/python" -c "import pika, jsonschema, openai, schemathesis" \
+            || die "$CLIENTS: pika, jsonschema, openai or schemathesis does not import"
         echo "$CLIENTS_TEXT" >"$CLIENTS_STAMP"
     fi
 fi

@@ -16,12 +16,13 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 use narrator_text::InputFormat;
 use narrator_worker::intake::{JobRequest, REQUEST_VERSION, TextFormat, parse_request};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use crate::auth::Tenant;
 use crate::backend::{Backend, OutputAt};
+use crate::error::ErrorBody;
 use crate::jobs::{Job, JobState, ListFilter, Submission, refused};
 use crate::{ApiError, AppState};
 
@@ -47,6 +48,22 @@ fn job_id(id: &str) -> Result<Uuid, ApiError> {
 
 /// `POST /v1/jobs`: 201 with the job (and `Location`), or 200 with the job an earlier
 /// request of the same `idempotency_key` made.
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs",
+    request_body(content(
+        (crate::openapi::JobRequestDoc = "application/json"),
+        (crate::openapi::JobFormDoc = "multipart/form-data"),
+    ), description = "The book: JSON with the text, or a form with the file"),
+    responses(
+        (status = 201, description = "The job, queued", body = JobBody, headers(("Location" = String, description = "The job's URL"))),
+        (status = 200, description = "The job an earlier request with the same idempotency_key made", body = JobBody),
+        (status = 400, description = "A request the schema refuses", body = ErrorBody),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = ErrorBody),
+        (status = 413, description = "The book is over --max-input-mb", body = ErrorBody),
+        (status = 415, description = "Neither JSON nor multipart, or a file that is no book", body = ErrorBody),
+        (status = 422, description = "A book that does not read (nothing speakable, a broken EPUB)", body = ErrorBody),
+        (status = 503, description = "The fleet is out of reach", body = ErrorBody),
+        (status = 507, description = "The job could not be stored", body = ErrorBody)
+    ))]
 pub async fn create(
     State(state): State<Arc<AppState>>,
     Extension(Tenant(tenant)): Extension<Tenant>,
@@ -287,32 +304,63 @@ async fn from_form(mut form: Multipart) -> Result<Submission, ApiError> {
     })
 }
 
-/// A job as the API shows it: the record, with its progress as a fraction.
+/// A job as the API shows it: the record, with its progress and its URL.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct JobBody {
+    #[serde(flatten)]
+    pub job: Job,
+    /// Segments made, as a fraction of all (0 to 1).
+    pub progress: f64,
+    /// `/v1/jobs/{id}`.
+    pub url: String,
+}
+
+/// A page of jobs.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct JobList {
+    pub data: Vec<JobBody>,
+    /// The `cursor` of the next page; null on the last.
+    pub next_cursor: Option<Uuid>,
+}
+
+/// A job as the API shows it ([`JobBody`]).
 pub fn job_json(job: &Job) -> Value {
-    let mut v = serde_json::to_value(job).unwrap_or_default();
-    if let Value::Object(m) = &mut v {
-        let progress = if job.segments == 0 {
-            0.0
-        } else {
-            job.segments_done as f64 / job.segments as f64
-        };
-        m.insert("progress".into(), json!(progress));
-        m.insert("url".into(), json!(format!("/v1/jobs/{}", job.id)));
-    }
-    v
+    let progress = if job.segments == 0 {
+        0.0
+    } else {
+        job.segments_done as f64 / job.segments as f64
+    };
+    serde_json::to_value(JobBody {
+        url: format!("/v1/jobs/{}", job.id),
+        job: job.clone(),
+        progress,
+    })
+    .unwrap_or_default()
 }
 
 /// `GET /v1/jobs` query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Only jobs in this state (queued, running, assembling, done, failed, cancelled).
     pub state: Option<String>,
+    /// Only jobs read by this voice.
     pub voice: Option<String>,
+    /// At most this many (1 to 100, default 20).
     pub limit: Option<usize>,
+    /// `next_cursor` of the page before.
     pub cursor: Option<String>,
 }
 
 /// `GET /v1/jobs?state=&voice=&limit=&cursor=`: newest first, `next_cursor` for the
 /// next page.
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(ListQuery),
+    responses(
+        (status = 200, description = "The tenant's jobs, newest first", body = JobList),
+        (status = 400, description = "A filter, limit or cursor this server does not take", body = ErrorBody),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = ErrorBody),
+        (status = 503, description = "The fleet is out of reach", body = ErrorBody)
+    ))]
 pub async fn list(
     State(state): State<Arc<AppState>>,
     Extension(Tenant(tenant)): Extension<Tenant>,
@@ -361,6 +409,14 @@ pub async fn list(
 }
 
 /// `GET /v1/jobs/{id}`.
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "The job", body = JobBody),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = ErrorBody),
+        (status = 404, description = "No such job of this tenant's", body = ErrorBody),
+        (status = 503, description = "The fleet is out of reach", body = ErrorBody)
+    ))]
 pub async fn get(
     State(state): State<Arc<AppState>>,
     Extension(Tenant(tenant)): Extension<Tenant>,
@@ -372,6 +428,15 @@ pub async fn get(
 
 /// `POST /v1/jobs/{id}/cancel`: 202 with the job (it may still be running: its events
 /// say when it is cancelled).
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 202, description = "Cancelled, or being cancelled (its events say when)", body = JobBody),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = ErrorBody),
+        (status = 404, description = "No such job of this tenant's", body = ErrorBody),
+        (status = 409, description = "The job is done or failed already", body = ErrorBody),
+        (status = 503, description = "The fleet is out of reach", body = ErrorBody)
+    ))]
 pub async fn cancel(
     State(state): State<Arc<AppState>>,
     Extension(Tenant(tenant)): Extension<Tenant>,
@@ -382,6 +447,15 @@ pub async fn cancel(
 }
 
 /// `POST /v1/jobs/{id}/retry`.
+#[utoipa::path(post, path = "/v1/jobs/{id}/retry", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 202, description = "Queued again", body = JobBody),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = ErrorBody),
+        (status = 404, description = "No such job of this tenant's", body = ErrorBody),
+        (status = 409, description = "Only a failed (or, embedded, cancelled) job is retried", body = ErrorBody),
+        (status = 503, description = "The fleet is out of reach", body = ErrorBody)
+    ))]
 pub async fn retry(
     State(state): State<Arc<AppState>>,
     Extension(Tenant(tenant)): Extension<Tenant>,
@@ -392,6 +466,17 @@ pub async fn retry(
 }
 
 /// `DELETE /v1/jobs/{id}`: 204.
+#[utoipa::path(delete, path = "/v1/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 204, description = "Deleted, with its files"),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = ErrorBody),
+        (status = 404, description = "No such job of this tenant's", body = ErrorBody),
+        (status = 409, description = "The job is not finished: cancel it first", body = ErrorBody),
+        (status = 500, description = "Its files could not be removed", body = ErrorBody),
+        (status = 501, description = "Not offered by the fleet gateway", body = ErrorBody),
+        (status = 503, description = "The fleet is out of reach", body = ErrorBody)
+    ))]
 pub async fn delete(
     State(state): State<Arc<AppState>>,
     Extension(Tenant(tenant)): Extension<Tenant>,
@@ -402,6 +487,22 @@ pub async fn delete(
 }
 
 /// `GET /v1/jobs/{id}/outputs/{name}`, with Range, `ETag` and `Last-Modified`.
+#[utoipa::path(get, path = "/v1/jobs/{id}/outputs/{name}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id"),
+           ("name" = String, Path, description = "book, manifest, or a file name the job's outputs list"),
+           ("Range" = Option<String>, Header, description = "bytes=FIRST-LAST")),
+    responses(
+        (status = 200, description = "The file, typed by its name (audio/mpeg, audio/ogg, audio/wav, audio/mp4, text/vtt, application/x-subrip, application/json, application/epub+zip)", content_type = "*/*"),
+        (status = 206, description = "The range asked for", content_type = "*/*"),
+        (status = 307, description = "Fleet: the file's presigned S3 URL (Location)"),
+        (status = 304, description = "Not modified since If-Modified-Since"),
+        (status = 416, description = "A range outside the file"),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = ErrorBody),
+        (status = 404, description = "No such job, or no such output", body = ErrorBody),
+        (status = 409, description = "The job is not done", body = ErrorBody),
+        (status = 500, description = "The file could not be read", body = ErrorBody),
+        (status = 503, description = "The fleet is out of reach", body = ErrorBody)
+    ))]
 pub async fn output(
     State(state): State<Arc<AppState>>,
     Extension(Tenant(tenant)): Extension<Tenant>,
@@ -458,6 +559,14 @@ pub async fn output(
 /// `GET /v1/jobs/{id}/events`: Server-Sent Events. `state` first (the job as it is), then
 /// `progress` as segments are made and `state` at each change of state; the stream ends
 /// after the job's final state (done, failed or cancelled).
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs",
+    params(("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "Server-Sent Events: `state` and `progress`, each with the job (JobBody) as data; the stream ends after the final state", content_type = "text/event-stream"),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = ErrorBody),
+        (status = 404, description = "No such job of this tenant's", body = ErrorBody),
+        (status = 503, description = "The fleet is out of reach", body = ErrorBody)
+    ))]
 pub async fn events(
     State(state): State<Arc<AppState>>,
     Extension(Tenant(tenant)): Extension<Tenant>,

@@ -60,3 +60,21 @@ impl IntoResponse for ApiError {
         res
     }
 }
+
+/// The error body, as documented (`/openapi.json`).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// One error: a line that says what was wrong and what to do, and a stable code.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    pub message: String,
+    /// `invalid_request_error` or `server_error`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub code: String,
+    /// Always null (OpenAI's shape).
+    pub param: Option<String>,
+}

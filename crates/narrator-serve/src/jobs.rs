@@ -30,15 +30,28 @@ pub use narrator_db::JobState;
 
 use crate::ApiError;
 
+/// The states of a job, as the API words them.
+#[derive(utoipa::ToSchema)]
+#[schema(as = JobState)]
+#[allow(dead_code, non_camel_case_types)]
+pub(crate) enum JobStateDoc {
+    queued,
+    running,
+    assembling,
+    done,
+    failed,
+    cancelled,
+}
+
 /// Why a job failed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobFailure {
     pub code: String,
     pub message: String,
 }
 
 /// One file of a finished job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobOutput {
     /// What it is: `book`, `chapter`, `subtitles`, `timings`, `epub`, `manifest`.
     pub kind: String,
@@ -56,9 +69,10 @@ pub struct JobOutput {
 }
 
 /// A job, as `GET /v1/jobs/{id}` shows it and `job.json` keeps it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Job {
     pub id: Uuid,
+    #[schema(value_type = JobStateDoc)]
     pub state: JobState,
     /// Whose job it is (the token's tenant; `local` without tokens).
     pub tenant: String,
@@ -71,6 +85,7 @@ pub struct Job {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

@@ -15,6 +15,7 @@ pub mod backend;
 pub mod error;
 pub mod fleet;
 pub mod jobs;
+pub mod openapi;
 pub mod pages;
 pub mod speech;
 
@@ -135,7 +136,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             pages::page_tenant,
         ));
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi::serve))
         .route("/readyz", get(readyz))
         .route("/signin", get(pages::signin_form).post(pages::signin))
         .route("/signout", post(pages::signout))
@@ -233,9 +235,21 @@ fn cors(origins: &[String]) -> anyhow::Result<tower_http::cors::CorsLayer> {
         ]))
 }
 
+/// `GET /healthz`: 200 once the engine is loaded (it is before the server listens).
+#[utoipa::path(get, path = "/healthz", tag = "health",
+    responses((status = 200, description = "ok", content_type = "text/plain")))]
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}
+
 /// `GET /readyz`: 200 once the engine is loaded and jobs can be taken (the jobs' folder
 /// can be written; in the fleet, the database answers); 503 otherwise.
-async fn readyz(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "ready", content_type = "text/plain"),
+        (status = 503, description = "Jobs cannot be taken now (Retry-After)", body = error::ErrorBody),
+    ))]
+pub async fn readyz(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiError> {
     if let Some(jobs) = &state.jobs {
         jobs.ready().await?;
     }
@@ -243,7 +257,12 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Result<&'static str, ApiE
 }
 
 /// `GET /v1/models`, as OpenAI lists them.
-async fn models() -> impl IntoResponse {
+#[utoipa::path(get, path = "/v1/models", tag = "speech",
+    responses(
+        (status = 200, description = "The model names /v1/audio/speech takes, as OpenAI lists models", body = Object),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = error::ErrorBody),
+    ))]
+pub async fn models() -> impl IntoResponse {
     let data: Vec<_> = MODELS
         .iter()
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "narrator"}))
@@ -252,7 +271,12 @@ async fn models() -> impl IntoResponse {
 }
 
 /// `GET /v1/voices`: the voice this server speaks with, and the OpenAI names it answers to.
-async fn voices(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+#[utoipa::path(get, path = "/v1/voices", tag = "speech",
+    responses(
+        (status = 200, description = "The voices: name, family, language, gender, quality, sample rate, and the OpenAI names each answers to", body = Object),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = error::ErrorBody),
+    ))]
+pub async fn voices(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let info = state.voice.info();
     Json(json!({"voices": [{
         "name": state.voice.name,

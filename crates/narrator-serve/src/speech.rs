@@ -31,14 +31,26 @@ use crate::{ApiError, AppState, MODELS, OPENAI_VOICES};
 
 /// The body of `POST /v1/audio/speech`. Fields OpenAI added that narrator does not use
 /// (`instructions`) are accepted and ignored.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct SpeechRequest {
+    #[schema(
+        pattern = "^(narrator|tts-1|tts-1-hd|gpt-4o-mini-tts)$",
+        example = "tts-1"
+    )]
     pub model: String,
+    /// The text to speak (at most --max-input-chars characters).
+    #[schema(min_length = 1, example = "Hello from narrator.")]
     pub input: String,
+    /// The server's voice, or one of OpenAI's names.
+    #[schema(example = "alloy")]
     pub voice: String,
+    #[schema(pattern = "^(mp3|opus|wav|pcm)$", example = "wav")]
     pub response_format: Option<String>,
+    #[schema(minimum = 0.5, maximum = 2.0)]
     pub speed: Option<f32>,
+    /// Accepted, not used.
     pub instructions: Option<String>,
+    #[schema(pattern = "^audio$")]
     pub stream_format: Option<String>,
 }
 
@@ -173,6 +185,18 @@ pub fn plan(state: &AppState, r: &SpeechRequest) -> Result<Vec<Segment>, ApiErro
 }
 
 /// `POST /v1/audio/speech`.
+#[utoipa::path(post, path = "/v1/audio/speech", tag = "speech",
+    request_body(content = SpeechRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The audio, in response_format (WAV and PCM streamed sentence by sentence; PCM's rate in X-Sample-Rate)",
+            content(("audio/mpeg"), ("audio/ogg"), ("audio/wav"), ("audio/pcm"))),
+        (status = 400, description = "A request this server does not take (model, voice, format, speed, empty input, JSON)", body = crate::error::ErrorBody),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = crate::error::ErrorBody),
+        (status = 413, description = "Input or body too long", body = crate::error::ErrorBody),
+        (status = 415, description = "Not JSON", body = crate::error::ErrorBody),
+        (status = 422, description = "A required field missing, or nothing speakable", body = crate::error::ErrorBody),
+        (status = 429, description = "This tenant's speech requests are at --speech-per-tenant (Retry-After)", body = crate::error::ErrorBody),
+    ))]
 pub async fn speak(
     State(state): State<Arc<AppState>>,
     Extension(Tenant(tenant)): Extension<Tenant>,
@@ -230,6 +254,14 @@ pub const PREVIEW_TEXT: &str =
 
 /// `GET /v1/voices/{name}/preview`: a few seconds of the voice as MP3, made once and
 /// kept for the server's life.
+#[utoipa::path(get, path = "/v1/voices/{name}/preview", tag = "speech",
+    params(("name" = String, Path, description = "The voice, or one of OpenAI's names")),
+    responses(
+        (status = 200, description = "A few seconds of the voice", content_type = "audio/mpeg"),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = crate::error::ErrorBody),
+        (status = 404, description = "No such voice here", body = crate::error::ErrorBody),
+        (status = 500, description = "The preview could not be made", body = crate::error::ErrorBody),
+    ))]
 pub async fn preview(
     State(state): State<Arc<AppState>>,
     axum::extract::Path(name): axum::extract::Path<String>,
