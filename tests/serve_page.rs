@@ -157,6 +157,9 @@ fn tokens_keep_tenants_apart() {
         let (status, _, _) = call(&served, "GET", open, None, None);
         assert_eq!(status, 200, "{open}");
     }
+    // /metrics needs a token too (no --metrics-open).
+    let (status, _, _) = call(&served, "GET", "/metrics", None, None);
+    assert_eq!(status, 401);
 
     let (status, _, job) = call(
         &served,
@@ -249,6 +252,22 @@ fn tokens_keep_tenants_apart() {
     assert_eq!(status, 200, "{v}");
     let _ = first.kill();
     let _ = first.wait();
+
+    // The requests above, counted by route and status.
+    let metrics = ureq::get(format!("{}/metrics", served.url))
+        .header("authorization", format!("Bearer {alice}"))
+        .call()
+        .expect("GET /metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("body");
+    for line in [
+        r#"narrator_http_requests_total{route="/v1/jobs",method="GET",status="401"}"#,
+        r#"narrator_http_requests_total{route="/v1/audio/speech",method="POST",status="429"}"#,
+        r#"narrator_http_requests_total{route="/v1/jobs/{id}",method="GET",status="404"}"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
 
     // No tokens: loopback only.
     let empty = tempfile::tempdir().expect("tempdir");

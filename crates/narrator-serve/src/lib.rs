@@ -76,6 +76,8 @@ pub struct ServeConfig {
     pub cors_origins: Vec<String>,
     /// The fleet to hand jobs to (`None`: the server makes them in `data`).
     pub fleet: Option<fleet::FleetJobs>,
+    /// `/metrics` without a token (for a scraper inside the network).
+    pub metrics_open: bool,
 }
 
 /// The routes' shared state.
@@ -95,6 +97,10 @@ pub struct AppState {
     pub speech_slots: Arc<auth::SpeechSlots>,
     /// The voice's preview, once made.
     pub preview: tokio::sync::OnceCell<axum::body::Bytes>,
+    /// Renders `/metrics`.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// `/metrics` without a token.
+    pub metrics_open: bool,
 }
 
 /// The server's routes.
@@ -123,6 +129,13 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             auth::require_token,
         ));
+    let mut metrics = Router::new().route("/metrics", get(prometheus));
+    if !state.metrics_open {
+        metrics = metrics.layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
+    }
     let pages = Router::new()
         .route("/", get(pages::index))
         .route(
@@ -144,6 +157,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/static/{name}", get(pages::asset))
         .merge(api)
         .merge(pages)
+        .merge(metrics)
+        .layer(axum::middleware::from_fn(count_request))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -193,6 +208,14 @@ pub async fn run(
         tokens: config.tokens,
         speech_slots: Arc::new(auth::SpeechSlots::new(config.speech_per_tenant.max(1))),
         preview: tokio::sync::OnceCell::new(),
+        metrics: match narrator_telemetry::metrics::install() {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(error = %e, "no /metrics: the Prometheus recorder did not install");
+                None
+            }
+        },
+        metrics_open: config.metrics_open,
     });
     let mut app = router(state);
     if !config.cors_origins.is_empty() {
@@ -233,6 +256,46 @@ fn cors(origins: &[String]) -> anyhow::Result<tower_http::cors::CorsLayer> {
             header::RETRY_AFTER,
             header::HeaderName::from_static("x-sample-rate"),
         ]))
+}
+
+/// Counts every request by its route's template, method and status, and times it to its
+/// response's head.
+async fn count_request(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let method = req.method().as_str().to_string();
+    let started = std::time::Instant::now();
+    let res = next.run(req).await;
+    let status = res.status().as_u16().to_string();
+    metrics::histogram!(narrator_telemetry::metrics::HTTP_REQUEST_SECONDS, "route" => route.clone(), "method" => method.clone())
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!(narrator_telemetry::metrics::HTTP_REQUESTS, "route" => route, "method" => method, "status" => status)
+        .increment(1);
+    res
+}
+
+/// `GET /metrics`: Prometheus text (the requests, the speech in progress, the engine's
+/// runs and the segments the embedded jobs made); needs a token unless `--metrics-open`.
+async fn prometheus(State(state): State<Arc<AppState>>) -> axum::response::Response {
+    metrics::gauge!(narrator_telemetry::metrics::SPEECH_ACTIVE)
+        .set(state.active.load(std::sync::atomic::Ordering::Relaxed) as f64);
+    match &state.metrics {
+        Some(h) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4",
+            )],
+            h.render(),
+        )
+            .into_response(),
+        None => axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
 }
 
 /// `GET /healthz`: 200 once the engine is loaded (it is before the server listens).

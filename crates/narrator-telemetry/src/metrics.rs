@@ -12,6 +12,15 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 #[cfg(feature = "serve")]
 use crate::TelemetryError;
 
+/// HTTP requests `narrator serve` answered, by `route` (the path's template), `method`
+/// and `status`.
+pub const HTTP_REQUESTS: &str = "narrator_http_requests_total";
+/// Seconds from an HTTP request to its response's head (a streamed body goes on), by
+/// `route` and `method`.
+pub const HTTP_REQUEST_SECONDS: &str = "narrator_http_request_seconds";
+/// Speech requests being spoken now (`narrator serve`).
+pub const SPEECH_ACTIVE: &str = "narrator_speech_active";
+
 /// Segments stored, recorded and acknowledged, by `voice`.
 pub const SEGMENTS_DONE: &str = "narrator_segments_done_total";
 /// Audio seconds of each segment done, by `voice` (its `_sum` is the audio produced).
@@ -133,6 +142,16 @@ pub fn install() -> Result<PrometheusHandle, TelemetryError> {
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(SEGMENTS_DONE, "Segments stored, recorded and acknowledged");
+    describe_counter!(
+        HTTP_REQUESTS,
+        "HTTP requests answered, by route, method and status"
+    );
+    describe_histogram!(
+        HTTP_REQUEST_SECONDS,
+        Unit::Seconds,
+        "HTTP request to its response's head"
+    );
+    describe_gauge!(SPEECH_ACTIVE, "Speech requests being spoken now");
     describe_histogram!(
         SEGMENT_AUDIO_SECONDS,
         Unit::Seconds,

@@ -651,6 +651,10 @@ pub(crate) struct ServeArgs {
     /// repeat for several. Default: none (no CORS headers).
     #[arg(long = "cors-origin")]
     pub(crate) cors_origins: Vec<String>,
+    /// Serve `/metrics` without a token (a Prometheus inside the network); by default it
+    /// needs one when the server has tokens.
+    #[arg(long)]
+    pub(crate) metrics_open: bool,
     /// Longest `input` of one speech request, in characters (413 beyond).
     #[arg(long, default_value_t = 100_000)]
     pub(crate) max_input_chars: usize,

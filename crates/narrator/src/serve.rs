@@ -75,6 +75,7 @@ pub(crate) async fn serve(
             speech_per_tenant: usize::from(args.speech_per_tenant),
             cors_origins: args.cors_origins,
             fleet,
+            metrics_open: args.metrics_open,
         },
         shutdown,
     )
