@@ -244,7 +244,7 @@ fn the_api_answers_as_its_openapi_document_says() {
         served.log()
     );
     assert!(
-        report.contains("Tested: 14"),
+        report.contains("Tested: 15"),
         "every operation tested: {report}"
     );
 }

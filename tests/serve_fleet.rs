@@ -204,6 +204,29 @@ fn the_gateway_hands_jobs_to_the_fleet_and_serves_their_outputs() {
     );
     let ready = call(&served.url, "GET", "/readyz", None, None);
     assert_eq!(ready.status, 200);
+
+    // The fleet's workers, as JSON and on the page.
+    let workers = call(&served.url, "GET", "/v1/workers", Some(&bob), None);
+    let list = workers.json["data"].as_array().expect("data");
+    assert_eq!(list.len(), 1, "{}", workers.json);
+    assert_eq!(list[0]["device"], "cpu", "{}", workers.json);
+    assert!(
+        list[0]["segments_done"].as_u64().unwrap_or(0) >= 13,
+        "{}",
+        workers.json
+    );
+    let page = ureq::get(format!("{}/workers", served.url))
+        .header("authorization", format!("Bearer {bob}"))
+        .call()
+        .expect("GET /workers")
+        .body_mut()
+        .read_to_string()
+        .expect("page");
+    let id = list[0]["id"].as_str().expect("id");
+    assert!(
+        page.contains(id) && page.contains("en_US-joe-medium"),
+        "{page}"
+    );
     w.wait_state(
         first.json["id"]
             .as_str()

@@ -587,3 +587,63 @@ pub async fn events(
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
+
+/// One worker of the fleet, as `GET /v1/workers` shows it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WorkerBody {
+    /// `host:pid`.
+    pub id: String,
+    pub host: String,
+    /// `cpu`, `cuda:0`, …
+    pub device: String,
+    /// Its batch plan per voice (sessions, threads, batch sizes).
+    #[schema(value_type = Object)]
+    pub plan: Value,
+    /// Segments it made since it started.
+    pub segments_done: u64,
+    /// Segments it made in the last 10 minutes, and per second over them.
+    pub recent_segments: u64,
+    pub segments_per_second: f64,
+    /// Median RTF of those.
+    pub recent_median_rtf: Option<f64>,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    pub last_seen: chrono::DateTime<chrono::Utc>,
+}
+
+impl From<&narrator_db::WorkerStatus> for WorkerBody {
+    fn from(w: &narrator_db::WorkerStatus) -> Self {
+        WorkerBody {
+            id: w.info.id.clone(),
+            host: w.info.host.clone(),
+            device: w.info.device.clone(),
+            plan: w.info.plan.clone(),
+            segments_done: w.segments_done,
+            recent_segments: w.recent_segments,
+            segments_per_second: w.recent_segments as f64 / 600.0,
+            recent_median_rtf: w.recent_median_rtf,
+            started_at: w.started_at,
+            last_seen: w.last_seen,
+        }
+    }
+}
+
+/// The fleet's workers.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WorkerList {
+    pub data: Vec<WorkerBody>,
+}
+
+/// `GET /v1/workers`: the fleet's workers seen in the last minute.
+#[utoipa::path(get, path = "/v1/workers", tag = "jobs",
+    responses(
+        (status = 200, description = "The fleet's workers seen in the last minute", body = WorkerList),
+        (status = 401, description = "No token, or one this server does not know (with tokens)", body = ErrorBody),
+        (status = 404, description = "This server makes its jobs itself (no --fleet)", body = ErrorBody),
+        (status = 503, description = "The fleet is out of reach", body = ErrorBody),
+    ))]
+pub async fn workers(State(state): State<Arc<AppState>>) -> Result<Json<WorkerList>, ApiError> {
+    let workers = jobs(&state)?.workers().await?;
+    Ok(Json(WorkerList {
+        data: workers.iter().map(WorkerBody::from).collect(),
+    }))
+}

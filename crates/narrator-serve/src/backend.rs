@@ -86,6 +86,19 @@ impl Backend {
         }
     }
 
+    /// The fleet's workers seen in the last minute (404 on a server that makes its jobs
+    /// itself).
+    pub async fn workers(&self) -> Result<Vec<narrator_db::WorkerStatus>, ApiError> {
+        match self {
+            Backend::Embedded(_) => Err(ApiError::with(
+                axum::http::StatusCode::NOT_FOUND,
+                "not_fleet",
+                "this server makes its jobs itself and has no workers; start it with --fleet to front a fleet",
+            )),
+            Backend::Fleet(f) => f.workers().await,
+        }
+    }
+
     /// Whether jobs can be taken now (`/readyz`).
     pub async fn ready(&self) -> Result<(), ApiError> {
         match self {

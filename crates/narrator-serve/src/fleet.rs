@@ -261,6 +261,15 @@ impl FleetJobs {
     }
 }
 
+impl FleetJobs {
+    /// The workers seen in the last minute.
+    pub async fn workers(&self) -> Result<Vec<narrator_db::WorkerStatus>, ApiError> {
+        narrator_db::list_workers(&self.pool, Duration::from_secs(60))
+            .await
+            .map_err(|e| unavailable("listing the workers", e))
+    }
+}
+
 async fn sqlx_ping(pool: &PgPool) -> Result<(), narrator_db::DbError> {
     narrator_db::cluster_id(pool).await.map(|_| ())
 }

@@ -125,6 +125,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/jobs/{id}/cancel", post(api::cancel))
         .route("/v1/jobs/{id}/retry", post(api::retry))
         .route("/v1/jobs/{id}/outputs/{name}", get(api::output))
+        .route("/v1/workers", get(api::workers))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
@@ -143,6 +144,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(pages::submit).layer(DefaultBodyLimit::max(upload_limit)),
         )
         .route("/jobs/{id}", get(pages::job))
+        .route("/workers", get(pages::workers))
         .route("/jobs/{id}/{action}", post(pages::act))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

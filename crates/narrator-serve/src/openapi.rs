@@ -8,7 +8,7 @@ use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::api::{JobBody, JobList};
+use crate::api::{JobBody, JobList, WorkerBody, WorkerList};
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::jobs::{Job, JobFailure, JobOutput, JobStateDoc};
 use crate::speech::SpeechRequest;
@@ -74,12 +74,13 @@ impl Modify for BearerAuth {
     paths(
         crate::api::create, crate::api::list, crate::api::get, crate::api::events,
         crate::api::cancel, crate::api::retry, crate::api::delete, crate::api::output,
+        crate::api::workers,
         crate::speech::speak, crate::speech::preview, crate::models, crate::voices,
         crate::healthz, crate::readyz,
     ),
     components(schemas(
         Job, JobBody, JobList, JobOutput, JobFailure, JobStateDoc, ErrorBody, ErrorDetail,
-        SpeechRequest, JobRequestDoc, JobFormDoc,
+        SpeechRequest, JobRequestDoc, JobFormDoc, WorkerBody, WorkerList,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = [])),

@@ -340,6 +340,86 @@ pub async fn act(
     }
 }
 
+struct WorkerRow {
+    id: String,
+    device: String,
+    plan: String,
+    done: u64,
+    recent: u64,
+    rate: String,
+    rtf: String,
+    seen: String,
+}
+
+#[derive(Template)]
+#[template(path = "workers.html")]
+struct WorkersPage {
+    signed_in: bool,
+    tenant: String,
+    /// Instead of the table: why there is none.
+    note: Option<String>,
+    workers: Vec<WorkerRow>,
+}
+
+/// A worker's plan, short: `VOICE SESSIONSxTHREADS bBATCH` per voice.
+fn plan_line(plan: &serde_json::Value) -> String {
+    let Some(voices) = plan.as_array() else {
+        return String::new();
+    };
+    voices
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {}x{} b{}",
+                p["voice"].as_str().unwrap_or("?"),
+                p["sessions"],
+                p["intra_threads"],
+                p["max_batch_requests"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `GET /workers`: the fleet's workers (device, plan, segments per second).
+pub async fn workers(
+    State(state): State<Arc<AppState>>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+) -> Response {
+    let (note, workers) = match &state.jobs {
+        Some(jobs) => match jobs.workers().await {
+            Ok(list) => (
+                None,
+                list.iter()
+                    .map(|w| WorkerRow {
+                        id: w.info.id.clone(),
+                        device: w.info.device.clone(),
+                        plan: plan_line(&w.info.plan),
+                        done: w.segments_done,
+                        recent: w.recent_segments,
+                        rate: format!("{:.2}", w.recent_segments as f64 / 600.0),
+                        rtf: w
+                            .recent_median_rtf
+                            .map_or_else(|| "–".into(), |r| format!("{r:.3}")),
+                        seen: format!("{} s ago", (Utc::now() - w.last_seen).num_seconds().max(0)),
+                    })
+                    .collect(),
+            ),
+            Err(e) => (Some(e.message), Vec::new()),
+        },
+        None => (Some("This server runs no jobs.".into()), Vec::new()),
+    };
+    render(
+        &WorkersPage {
+            signed_in: !state.tokens.is_empty(),
+            tenant,
+            note,
+            workers,
+        },
+        StatusCode::OK,
+    )
+}
+
 /// `GET /signin`.
 pub async fn signin_form(State(state): State<Arc<AppState>>) -> Response {
     if state.tokens.is_empty() {
