@@ -36,7 +36,7 @@ fn duration(probe: &serde_json::Value) -> f64 {
 }
 
 /// Every format the server makes, through `openai`'s `with_streaming_response`: audio
-/// ffprobe reads, of the length three sentences take, not silence; WAV and PCM arrive in
+/// ffprobe reads, of the length three sentences take, not silence; WAV and MP3 arrive in
 /// pieces, the first before the whole.
 #[test]
 fn the_openai_package_gets_speech_in_each_format() {
@@ -85,6 +85,13 @@ fn the_openai_package_gets_speech_in_each_format() {
         } else {
             let d = duration(&probe);
             assert!((5.0..30.0).contains(&d), "{format}: {d} s");
+        }
+        if format == "mp3" {
+            assert!(
+                got["chunks"].as_u64().unwrap_or(0) >= 2
+                    && got["first_bytes"].as_u64() < got["bytes"].as_u64(),
+                "MP3 streamed too, the first frames before the whole: {got}"
+            );
         }
     }
     assert!((5.0..30.0).contains(&pcm_seconds), "pcm: {pcm_seconds} s");

@@ -31,6 +31,7 @@ mod wav;
 
 pub use error::AudioError;
 pub use format::AudioFormat;
+pub use mp3::Mp3Stream;
 pub use pcm::{PauseKind, Pauses, peak_normalize_to_i16};
 pub use resample::resample_for_opus;
 pub use sink::{

@@ -137,6 +137,51 @@ impl<W: Write + Seek> AudioSink for Mp3Sink<W> {
     }
 }
 
+/// MP3 made as it is sent (an HTTP response): the same LAME settings as the files, but
+/// no ID3 tag and no Info frame (they are written last, into a file's start, which a
+/// stream no longer has), so every [`Mp3Stream::encode`] returns the frames finished so
+/// far and a player can start on the first.
+pub struct Mp3Stream {
+    encoder: mp3lame_encoder::Encoder,
+}
+
+impl Mp3Stream {
+    /// Mono at `sample_rate`, LAME quality `quality` (0 best … 9 fastest).
+    pub fn new(sample_rate: u32, quality: u8) -> Result<Self, AudioError> {
+        let setup = |source: BuildError| AudioError::Mp3Setup {
+            sample_rate,
+            source,
+        };
+        let mut builder = Builder::new().ok_or_else(|| setup(BuildError::NoMem))?;
+        builder.set_num_channels(1).map_err(setup)?;
+        builder.set_sample_rate(sample_rate).map_err(setup)?;
+        builder.set_mode(Mode::Mono).map_err(setup)?;
+        builder.set_brate(Bitrate::Kbps64).map_err(setup)?;
+        builder.set_quality(lame_quality(quality)).map_err(setup)?;
+        builder.set_to_write_vbr_tag(false).map_err(setup)?;
+        Ok(Self {
+            encoder: builder.build().map_err(setup)?,
+        })
+    }
+
+    /// The frames `samples` completed (LAME keeps up to a frame and its look-ahead).
+    pub fn encode(&mut self, samples: &[i16]) -> Result<Vec<u8>, AudioError> {
+        let mut out = Vec::new();
+        for part in samples.chunks(LAME_CHUNK) {
+            out.reserve(mp3lame_encoder::max_required_buffer_size(part.len()));
+            self.encoder.encode_to_vec(MonoPcm(part), &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// The last frames.
+    pub fn finish(mut self) -> Result<Vec<u8>, AudioError> {
+        let mut out = Vec::with_capacity(mp3lame_encoder::max_required_buffer_size(0));
+        self.encoder.flush_to_vec::<FlushGap>(&mut out)?;
+        Ok(out)
+    }
+}
+
 /// The ID3v2.3 tag, or nothing when there is no title, artist or chapter. `total_seconds`
 /// is the end of the last chapter; before it is known the last chapter ends where it
 /// starts. The size depends only on the texts, never on the times.
@@ -287,6 +332,23 @@ fn syncsafe(n: u32) -> [u8; 4] {
 mod tests {
     use super::*;
     use crate::{AudioFormat, ChapterMark};
+
+    #[test]
+    fn a_stream_is_frames_from_the_first_call_and_decodes_to_its_length() {
+        let rate = 22050;
+        let tone: Vec<i16> = (0..rate)
+            .map(|i| ((i as f64 * 0.05).sin() * 8000.0) as i16)
+            .collect();
+        let mut stream = super::Mp3Stream::new(rate as u32, 5).expect("encoder");
+        let first = stream.encode(&tone[..rate / 2]).expect("encode");
+        // MPEG-2 Layer III frame sync from the first byte: no tag, no Info frame.
+        assert!(first.len() > 1000 && first[0] == 0xFF && first[1] & 0xE0 == 0xE0);
+        let mut all = first;
+        all.extend(stream.encode(&tone[rate / 2..]).expect("encode"));
+        all.extend(stream.finish().expect("finish"));
+        // 64 kbit/s: about 8,000 bytes a second.
+        assert!((7_000..10_000).contains(&all.len()), "{}", all.len());
+    }
 
     #[test]
     fn no_metadata_no_tag() {

@@ -1,13 +1,16 @@
-//! `narrator serve` (docs/SERVE.md): narrator over HTTP. This first part is the
-//! OpenAI-compatible speech endpoint, embedded: the server loads one voice's engine and
-//! speaks `POST /v1/audio/speech` requests with it, streaming WAV and PCM sentence by
-//! sentence as they are synthesized (the first bytes come before the whole text is
-//! spoken); MP3 and Opus are sent once encoded. `GET /v1/models`, `GET /v1/voices` and
-//! `/healthz` beside it. The jobs API, the fleet gateway, tokens and the web page are
-//! still to come (issue 45).
+//! `narrator serve` (docs/SERVE.md): narrator over HTTP, from one process. The server
+//! loads one voice's engine and serves:
 //!
-//! The binary parses the flags and loads the engine ([`narrator_pipeline::load`]); this
-//! crate owns the routes ([`router`]) and the speech path ([`speech`]).
+//! - the jobs API ([`api`]): books made by the server itself in its data folder
+//!   ([`jobs`], the library path of `narrator run`) or handed to the fleet ([`fleet`], the
+//!   intake's path), behind one [`backend::Backend`];
+//! - OpenAI-compatible speech ([`speech`]), streamed sentence by sentence;
+//! - the web page ([`pages`]), `/openapi.json` ([`openapi`]), `/metrics`, `/healthz`,
+//!   `/readyz`;
+//! - bearer tokens and tenants ([`auth`]).
+//!
+//! The binary parses the flags, loads the engine ([`narrator_pipeline::load`]) and
+//! connects the fleet; this crate owns the routes ([`router`]).
 
 pub mod api;
 pub mod auth;

@@ -1,11 +1,12 @@
 //! `POST /v1/audio/speech`, as OpenAI's API takes it (`model`, `input`, `voice`,
 //! `response_format`, `speed`): the input read and planned as `narrator synth` reads a
 //! text ([`narrator_pipeline::book`]), then spoken sentence by sentence on the server's
-//! engine. WAV (its sizes unknown: 0xFFFFFFFF, as OpenAI streams it) and PCM (16-bit
-//! little-endian mono at the voice's rate, in `X-Sample-Rate`) are sent as each sentence
-//! finishes; MP3 and Opus once the whole is encoded. A failure after the first bytes
-//! aborts the body (the client sees a broken transfer, never a short file as complete);
-//! a client that goes away stops the synthesis.
+//! engine. WAV (its sizes unknown: 0xFFFFFFFF, as OpenAI streams it), PCM (16-bit
+//! little-endian mono at the voice's rate, in `X-Sample-Rate`) and MP3 (frames without a
+//! tag or Info frame) are sent as each sentence finishes; Opus once the whole is
+//! encoded. A failure after the first bytes aborts the body (the client sees a broken
+//! transfer, never a short file as complete); a client that goes away stops the
+//! synthesis.
 
 use std::io::{Cursor, Seek, SeekFrom, Write};
 use std::sync::{Arc, Mutex};
@@ -87,11 +88,6 @@ impl Format {
             Format::Mp3 => "audio/mpeg",
             Format::Opus => "audio/ogg; codecs=opus",
         }
-    }
-
-    /// Sent as each sentence finishes.
-    fn streamed(self) -> bool {
-        matches!(self, Format::Wav | Format::Pcm)
     }
 }
 
@@ -188,7 +184,7 @@ pub fn plan(state: &AppState, r: &SpeechRequest) -> Result<Vec<Segment>, ApiErro
 #[utoipa::path(post, path = "/v1/audio/speech", tag = "speech",
     request_body(content = SpeechRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The audio, in response_format (WAV and PCM streamed sentence by sentence; PCM's rate in X-Sample-Rate)",
+        (status = 200, description = "The audio, in response_format (WAV, PCM and MP3 streamed sentence by sentence; PCM's rate in X-Sample-Rate)",
             content(("audio/mpeg"), ("audio/ogg"), ("audio/wav"), ("audio/pcm"))),
         (status = 400, description = "A request this server does not take (model, voice, format, speed, empty input, JSON)", body = crate::error::ErrorBody),
         (status = 401, description = "No token, or one this server does not know (with tokens)", body = crate::error::ErrorBody),
@@ -439,7 +435,10 @@ fn pause_kind(p: PauseAfter) -> PauseKind {
 enum Encoded {
     /// WAV or PCM: bytes as they come.
     Raw { wav: bool, rate: u32 },
-    /// MP3 or Opus: encoded into memory, sent at the end.
+    /// MP3: frames as they are encoded.
+    Mp3(narrator_audio::Mp3Stream),
+    /// Opus: encoded into memory (its Ogg pages' granule positions and header are set at
+    /// the end), sent at the end.
     Whole {
         sink: Box<dyn AudioSink + Send>,
         buffer: SharedBuffer,
@@ -448,20 +447,27 @@ enum Encoded {
 
 impl Encoded {
     fn new(format: Format, rate: u32) -> Result<Self, String> {
-        if format.streamed() {
-            return Ok(Encoded::Raw {
+        match format {
+            Format::Wav | Format::Pcm => Ok(Encoded::Raw {
                 wav: format == Format::Wav,
                 rate,
-            });
+            }),
+            Format::Mp3 => {
+                let spec = EncoderSpec::new(AudioFormat::Mp3, rate);
+                narrator_audio::Mp3Stream::new(rate, spec.tuning.mp3_quality)
+                    .map(Encoded::Mp3)
+                    .map_err(|e| e.to_string())
+            }
+            Format::Opus => {
+                let buffer = SharedBuffer::default();
+                let sink = narrator_audio::create_encoder(
+                    &EncoderSpec::new(AudioFormat::Opus, rate),
+                    buffer.clone(),
+                )
+                .map_err(|e| e.to_string())?;
+                Ok(Encoded::Whole { sink, buffer })
+            }
         }
-        let audio = match format {
-            Format::Mp3 => AudioFormat::Mp3,
-            _ => AudioFormat::Opus,
-        };
-        let buffer = SharedBuffer::default();
-        let sink = narrator_audio::create_encoder(&EncoderSpec::new(audio, rate), buffer.clone())
-            .map_err(|e| e.to_string())?;
-        Ok(Encoded::Whole { sink, buffer })
     }
 
     /// Bytes to send now, if any.
@@ -483,6 +489,13 @@ impl Encoded {
                 bytes.resize(bytes.len() + 2 * pause, 0);
                 Ok(Some(Bytes::from(bytes)))
             }
+            Encoded::Mp3(stream) => {
+                let mut bytes = stream.encode(samples).map_err(|e| e.to_string())?;
+                if pause > 0 {
+                    bytes.extend(stream.encode(&vec![0; pause]).map_err(|e| e.to_string())?);
+                }
+                Ok((!bytes.is_empty()).then(|| Bytes::from(bytes)))
+            }
             Encoded::Whole { sink, .. } => {
                 sink.write(samples)
                     .and_then(|()| sink.write_silence(pause))
@@ -495,6 +508,10 @@ impl Encoded {
     fn finish(self) -> Result<Option<Bytes>, String> {
         match self {
             Encoded::Raw { .. } => Ok(None),
+            Encoded::Mp3(stream) => stream
+                .finish()
+                .map(|b| (!b.is_empty()).then(|| Bytes::from(b)))
+                .map_err(|e| e.to_string()),
             Encoded::Whole { sink, buffer } => {
                 sink.finish().map_err(|e| e.to_string())?;
                 Ok(Some(Bytes::from(buffer.take())))
