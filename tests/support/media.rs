@@ -38,6 +38,24 @@ pub fn ffprobe(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("ffprobe JSON")
 }
 
+/// Seconds of audio FFmpeg decodes from a file, counted from its samples (not from its
+/// header, which a stream may leave unknown: a streamed FLAC's STREAMINFO has no length).
+pub fn decoded_seconds(path: &Path) -> f64 {
+    let out = Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(path)
+        .args(["-f", "s16le", "-ac", "1", "-ar", "8000", "-"])
+        .output()
+        .expect("ffmpeg (Debian's, installed by ops/setup.sh)");
+    assert!(
+        out.status.success(),
+        "ffmpeg could not decode {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout.len() as f64 / 2.0 / 8000.0
+}
+
 /// An M4B against its manifest: its duration, every chapter's title and start (within
 /// one AAC frame at 22050 Hz), AAC audio, no chapter files listed, the PNG cover
 /// embedded. Returns the format tags for the caller's checks.

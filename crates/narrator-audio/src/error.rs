@@ -44,6 +44,16 @@ pub enum AudioError {
         source: ffmpeg_next::Error,
     },
 
+    /// FFmpeg's encoders (AAC, FLAC) failed while encoding a stream.
+    #[error("{codec} encoding failed while {context} (FFmpeg: {source})")]
+    Stream {
+        codec: &'static str,
+        /// What was being done.
+        context: &'static str,
+        #[source]
+        source: ffmpeg_next::Error,
+    },
+
     /// hound failed to write a WAV stream (I/O, or the 4 GiB WAV size limit was hit).
     #[error(
         "writing WAV audio failed; check that the output location is writable and has free space"
@@ -161,6 +171,7 @@ impl AudioError {
             AudioError::Io { .. } => "audio_io",
             AudioError::Create { .. } => "audio_create",
             AudioError::M4b { .. } => "m4b_encode",
+            AudioError::Stream { .. } => "stream_encode",
             AudioError::WavWrite { .. } => "wav_write",
             AudioError::WavTooLong { .. } => "wav_too_long",
             AudioError::WavRead { .. } => "wav_read",

@@ -27,6 +27,7 @@ mod ogg_opus;
 mod pcm;
 mod resample;
 mod sink;
+mod stream;
 mod wav;
 
 pub use error::AudioError;
@@ -38,4 +39,5 @@ pub use sink::{
     AudioSink, ChapterMark, EncodedInfo, EncoderSpec, EncoderTuning, Tags, create_encoder,
     create_file_encoder,
 };
+pub use stream::{CodecStream, StreamCodec};
 pub use wav::{decode_wav_bytes, encode_wav_bytes, encode_wav_file, read_wav_i16};

@@ -50,7 +50,7 @@ pub(crate) struct M4bSink {
 /// FFmpeg's global set-up, once per process: its own log goes to stderr at error level
 /// only (narrator reports failures itself).
 /// A failure is kept, so every later file reports it too.
-fn init() -> Result<(), AudioError> {
+pub(crate) fn init() -> Result<(), AudioError> {
     static INIT: OnceLock<Result<(), ff::Error>> = OnceLock::new();
     let result = *INIT.get_or_init(|| {
         ff::util::log::set_level(ff::util::log::Level::Error);

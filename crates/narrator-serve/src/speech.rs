@@ -45,7 +45,7 @@ pub struct SpeechRequest {
     /// The server's voice, or one of OpenAI's names.
     #[schema(example = "alloy")]
     pub voice: String,
-    #[schema(pattern = "^(mp3|opus|wav|pcm)$", example = "wav")]
+    #[schema(pattern = "^(mp3|opus|aac|flac|wav|pcm)$", example = "wav")]
     pub response_format: Option<String>,
     #[schema(minimum = 0.5, maximum = 2.0)]
     pub speed: Option<f32>,
@@ -62,6 +62,8 @@ pub enum Format {
     Pcm,
     Mp3,
     Opus,
+    Aac,
+    Flac,
 }
 
 impl Format {
@@ -72,10 +74,12 @@ impl Format {
             "pcm" => Ok(Format::Pcm),
             "mp3" => Ok(Format::Mp3),
             "opus" => Ok(Format::Opus),
+            "aac" => Ok(Format::Aac),
+            "flac" => Ok(Format::Flac),
             other => Err(ApiError::bad(
                 "unsupported_response_format",
                 format!(
-                    "response_format {other:?} is not one this server makes yet; choose wav, pcm, mp3 or opus"
+                    "response_format {other:?} is not one this server makes; choose mp3, opus, aac, flac, wav or pcm"
                 ),
             )),
         }
@@ -87,6 +91,8 @@ impl Format {
             Format::Pcm => "audio/pcm",
             Format::Mp3 => "audio/mpeg",
             Format::Opus => "audio/ogg; codecs=opus",
+            Format::Aac => "audio/aac",
+            Format::Flac => "audio/flac",
         }
     }
 }
@@ -184,8 +190,8 @@ pub fn plan(state: &AppState, r: &SpeechRequest) -> Result<Vec<Segment>, ApiErro
 #[utoipa::path(post, path = "/v1/audio/speech", tag = "speech",
     request_body(content = SpeechRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The audio, in response_format (WAV, PCM and MP3 streamed sentence by sentence; PCM's rate in X-Sample-Rate)",
-            content(("audio/mpeg"), ("audio/ogg"), ("audio/wav"), ("audio/pcm"))),
+        (status = 200, description = "The audio, in response_format (all but Opus streamed sentence by sentence; PCM's rate in X-Sample-Rate)",
+            content(("audio/mpeg"), ("audio/ogg"), ("audio/aac"), ("audio/flac"), ("audio/wav"), ("audio/pcm"))),
         (status = 400, description = "A request this server does not take (model, voice, format, speed, empty input, JSON)", body = crate::error::ErrorBody),
         (status = 401, description = "No token, or one this server does not know (with tokens)", body = crate::error::ErrorBody),
         (status = 413, description = "Input or body too long", body = crate::error::ErrorBody),
@@ -437,6 +443,8 @@ enum Encoded {
     Raw { wav: bool, rate: u32 },
     /// MP3: frames as they are encoded.
     Mp3(narrator_audio::Mp3Stream),
+    /// AAC (ADTS) or FLAC: frames as they are encoded.
+    Codec(narrator_audio::CodecStream),
     /// Opus: encoded into memory (its Ogg pages' granule positions and header are set at
     /// the end), sent at the end.
     Whole {
@@ -458,6 +466,15 @@ impl Encoded {
                     .map(Encoded::Mp3)
                     .map_err(|e| e.to_string())
             }
+            Format::Aac | Format::Flac => narrator_audio::CodecStream::new(
+                match format {
+                    Format::Aac => narrator_audio::StreamCodec::Aac,
+                    _ => narrator_audio::StreamCodec::Flac,
+                },
+                rate,
+            )
+            .map(Encoded::Codec)
+            .map_err(|e| e.to_string()),
             Format::Opus => {
                 let buffer = SharedBuffer::default();
                 let sink = narrator_audio::create_encoder(
@@ -489,13 +506,8 @@ impl Encoded {
                 bytes.resize(bytes.len() + 2 * pause, 0);
                 Ok(Some(Bytes::from(bytes)))
             }
-            Encoded::Mp3(stream) => {
-                let mut bytes = stream.encode(samples).map_err(|e| e.to_string())?;
-                if pause > 0 {
-                    bytes.extend(stream.encode(&vec![0; pause]).map_err(|e| e.to_string())?);
-                }
-                Ok((!bytes.is_empty()).then(|| Bytes::from(bytes)))
-            }
+            Encoded::Mp3(stream) => frames(|x| stream.encode(x), samples, pause),
+            Encoded::Codec(stream) => frames(|x| stream.encode(x), samples, pause),
             Encoded::Whole { sink, .. } => {
                 sink.write(samples)
                     .and_then(|()| sink.write_silence(pause))
@@ -508,16 +520,34 @@ impl Encoded {
     fn finish(self) -> Result<Option<Bytes>, String> {
         match self {
             Encoded::Raw { .. } => Ok(None),
-            Encoded::Mp3(stream) => stream
-                .finish()
-                .map(|b| (!b.is_empty()).then(|| Bytes::from(b)))
-                .map_err(|e| e.to_string()),
+            Encoded::Mp3(stream) => last(stream.finish()),
+            Encoded::Codec(stream) => last(stream.finish()),
             Encoded::Whole { sink, buffer } => {
                 sink.finish().map_err(|e| e.to_string())?;
                 Ok(Some(Bytes::from(buffer.take())))
             }
         }
     }
+}
+
+/// The frames an encoder made of `samples` and `pause` samples of silence after them.
+fn frames(
+    mut encode: impl FnMut(&[i16]) -> Result<Vec<u8>, narrator_audio::AudioError>,
+    samples: &[i16],
+    pause: usize,
+) -> Result<Option<Bytes>, String> {
+    let mut bytes = encode(samples).map_err(|e| e.to_string())?;
+    if pause > 0 {
+        bytes.extend(encode(&vec![0; pause]).map_err(|e| e.to_string())?);
+    }
+    Ok((!bytes.is_empty()).then(|| Bytes::from(bytes)))
+}
+
+/// An encoder's last frames.
+fn last(finished: Result<Vec<u8>, narrator_audio::AudioError>) -> Result<Option<Bytes>, String> {
+    finished
+        .map(|b| (!b.is_empty()).then(|| Bytes::from(b)))
+        .map_err(|e| e.to_string())
 }
 
 /// A 44-byte WAV header for 16-bit mono at `rate` whose sizes are unknown (0xFFFFFFFF):
