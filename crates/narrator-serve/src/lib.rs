@@ -73,7 +73,8 @@ pub struct ServeConfig {
     /// The tokens it accepts (none: everything is the tenant `local`, and the server
     /// must listen on loopback).
     pub tokens: auth::Tokens,
-    /// Speech requests one tenant may have in progress at once (429 beyond).
+    /// Speech requests one tenant may have in progress at once (429 beyond); with
+    /// tokens only (without, all requests are one tenant's).
     pub speech_per_tenant: usize,
     /// Origins whose pages may call the API (CORS); none: no CORS headers.
     pub cors_origins: Vec<String>,
@@ -201,6 +202,12 @@ pub async fn run(
         Some(fleet) => Some(backend::Backend::Fleet(Arc::new(fleet))),
         None => embedded.clone().map(backend::Backend::Embedded),
     };
+    // Without tokens every request is the one tenant `local`: no limit among them.
+    let speech_limit = if config.tokens.is_empty() {
+        usize::MAX
+    } else {
+        config.speech_per_tenant.max(1)
+    };
     let state = Arc::new(AppState {
         voice: config.voice,
         synth: config.synth,
@@ -211,7 +218,7 @@ pub async fn run(
         jobs,
         max_input_bytes: config.max_input_bytes,
         tokens: config.tokens,
-        speech_slots: Arc::new(auth::SpeechSlots::new(config.speech_per_tenant.max(1))),
+        speech_slots: Arc::new(auth::SpeechSlots::new(speech_limit)),
         preview: tokio::sync::OnceCell::new(),
         metrics: match narrator_telemetry::metrics::install() {
             Ok(h) => Some(h),

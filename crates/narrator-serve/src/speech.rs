@@ -233,10 +233,7 @@ pub async fn speak(
     };
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     let rate = state.synth.sample_rate();
-    tokio::spawn(async move {
-        produce(state, segments, format, tx).await;
-        drop(slot);
-    });
+    tokio::spawn(produce(state, segments, format, tx, Some(slot)));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
@@ -289,7 +286,7 @@ pub async fn preview(
             };
             let segments = plan(&state, &request)?;
             let (tx, mut rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
-            tokio::spawn(produce(state.clone(), segments, Format::Mp3, tx));
+            tokio::spawn(produce(state.clone(), segments, Format::Mp3, tx, None));
             let mut whole = Vec::new();
             while let Some(piece) = rx.recv().await {
                 let piece = piece.map_err(|e| {
@@ -316,11 +313,16 @@ pub async fn preview(
 }
 
 /// Synthesizes the segments one after the other and sends their audio down `tx`.
+///
+/// `slot` (the tenant's place) is given back before `tx` is dropped: the response ends
+/// only when `tx` goes, so a client that sends its next request on seeing the end finds
+/// its place free.
 async fn produce(
     state: Arc<AppState>,
     segments: Vec<Segment>,
     format: Format,
     tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+    slot: Option<crate::auth::SpeechSlot>,
 ) {
     let rate = state.synth.sample_rate();
     let mut encoder = match Encoded::new(format, rate) {
@@ -395,6 +397,8 @@ async fn produce(
             let _ = tx.send(Err(std::io::Error::other(e))).await;
         }
     }
+    drop(slot);
+    drop(tx);
 }
 
 /// One segment's samples.

@@ -644,7 +644,8 @@ pub(crate) struct ServeArgs {
     /// --data folder. With tokens in it every /v1 request needs one.
     #[arg(long, env = "NARRATOR_SERVE_TOKENS", global = true)]
     pub(crate) tokens: Option<PathBuf>,
-    /// Speech requests one tenant may have in progress at once (429 beyond).
+    /// Speech requests one tenant may have in progress at once (429 beyond). With tokens
+    /// only: without, every request is the one local tenant's, unlimited.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) speech_per_tenant: u16,
     /// An origin whose web pages may call the API (CORS), e.g. `https://app.example.com`;
