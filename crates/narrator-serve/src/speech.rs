@@ -609,9 +609,15 @@ mod tests {
     fn formats_are_openai_s_names() {
         assert_eq!(Format::parse(None), Ok(Format::Mp3));
         assert_eq!(Format::parse(Some("wav")), Ok(Format::Wav));
-        let e = Format::parse(Some("flac")).expect_err("not yet");
+        assert_eq!(Format::parse(Some("flac")), Ok(Format::Flac));
+        assert_eq!(Format::parse(Some("aac")), Ok(Format::Aac));
+        let e = Format::parse(Some("vorbis")).expect_err("not OpenAI's");
         assert_eq!(e.code, "unsupported_response_format");
-        assert!(e.message.contains("wav, pcm, mp3 or opus"), "{}", e.message);
+        assert!(
+            e.message.contains("mp3, opus, aac, flac, wav or pcm"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
