@@ -425,7 +425,10 @@ impl Jobs {
             JobState::Done | JobState::Failed => Err(ApiError::with(
                 StatusCode::CONFLICT,
                 "job_finished",
-                format!("job {id} is {} already; nothing to cancel", word(job.state)),
+                format!(
+                    "job {id} is {} already; nothing to cancel",
+                    job.state.as_str()
+                ),
             )),
         }
     }
@@ -439,7 +442,7 @@ impl Jobs {
                 "job_not_retryable",
                 format!(
                     "job {id} is {}; only a failed or cancelled job is retried",
-                    word(job.state)
+                    job.state.as_str()
                 ),
             ));
         }
@@ -462,7 +465,7 @@ impl Jobs {
                 "job_active",
                 format!(
                     "job {id} is {}; cancel it first, then delete it",
-                    word(job.state)
+                    job.state.as_str()
                 ),
             ));
         }
@@ -710,10 +713,6 @@ fn book_file(format: InputFormat) -> &'static str {
         InputFormat::Markdown => "book.md",
         InputFormat::Text => "book.txt",
     }
-}
-
-fn word(state: JobState) -> &'static str {
-    state.as_str()
 }
 
 /// 404: no such output.

@@ -233,9 +233,10 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Speak a short text file (or - for stdin) into one audio file.
     Synth(SynthArgs),
-    /// Serve narrator over HTTP: an OpenAI-compatible `POST /v1/audio/speech` (its
-    /// `base_url` is http://HOST:PORT/v1), `GET /v1/models`, `GET /v1/voices`, `/healthz`
-    /// (docs/SERVE.md). Loads the voice's engine once and speaks every request with it.
+    /// Serve narrator over HTTP (docs/SERVE.md): a web page at /, a jobs API (/v1/jobs:
+    /// books made here in --data, or by the fleet with --fleet), OpenAI-compatible speech
+    /// (its `base_url` is http://HOST:PORT/v1), /openapi.json, /metrics; bearer tokens
+    /// (`narrator serve token add NAME`) keep tenants apart. Loads the voice's engine once.
     Serve(ServeArgs),
     /// List installed voices.
     Voices(VoicesArgs),
